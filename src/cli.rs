@@ -1,0 +1,378 @@
+//! The command line: `gpu-guard mutate | generate | policy`. Each command is a function that
+//! returns the text to print and an exit code, so tests can call them without a process.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use k8s_openapi::api::batch::v1::{Job, JobSpec, PodFailurePolicy};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::Value;
+
+use crate::manifest::{self, Document, Format};
+use crate::mutate::{self, SkipReason};
+use crate::object;
+use crate::policy::{self, Policy, PolicyError};
+
+/// Keeps AI/ML batch Jobs on Kubernetes alive through GPU and other device failures.
+///
+/// The same engine runs in the mutating admission webhook and in these offline commands, so a
+/// manifest mutated in CI is exactly what the webhook would admit.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-guard", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Policy file to use instead of the embedded default (policies/default.yaml).
+    #[arg(long, global = true, env = "GPU_GUARD_POLICY", value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mutate Jobs (and the jobTemplate of CronJobs) in manifests, as the webhook would.
+    ///
+    /// Reads YAML or JSON files, multi-document streams, directories (every .yaml, .yml and
+    /// .json file below them) and List objects; `-f -` reads stdin. Every other document passes
+    /// through unchanged, in order. Warnings and a summary of the changes go to stderr.
+    ///
+    /// Exit status: 0 on success, 1 when an input could not be read or decoded (its documents
+    /// are still written, unchanged), 2 on usage errors.
+    ///
+    /// Example: gpu-guard mutate -f k8s/ | kubectl apply -f -
+    Mutate(MutateArgs),
+    /// Print generated configuration.
+    #[command(subcommand)]
+    Generate(GenerateCommand),
+    /// Check or show a policy file.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct MutateArgs {
+    /// A file, a directory, or - for stdin. Repeat for several.
+    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    pub output: Format,
+    /// Print a unified diff of each input against its mutated form instead of the manifests.
+    #[arg(long)]
+    pub diff: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GenerateCommand {
+    /// Print the podFailurePolicy the policy injects, to paste into a Job manifest.
+    ///
+    /// Each --container names a container that uses a device; exit-code rules name it in
+    /// containerName. Without --container the rules match every container (do not use that
+    /// with native sidecars: they exit 137/143 at shutdown).
+    FailurePolicy(FailurePolicyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FailurePolicyArgs {
+    /// A container that uses a device. Repeat for several.
+    #[arg(long = "container", value_name = "NAME")]
+    pub containers: Vec<String>,
+    /// Generate for an Indexed Job with backoffLimitPerIndex (FailJob rules become FailIndex).
+    #[arg(long)]
+    pub per_index: bool,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    pub output: Format,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy file: prints every problem with file, line and field; exit 1 if any.
+    Check {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Print the effective policy (the embedded default, or --policy FILE) with every default.
+    Show,
+    /// Print the JSON Schema of the policy file (policies/schema.json).
+    Schema,
+}
+
+/// What a command prints and how the process exits.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i32,
+}
+
+/// Loads the policy the global flags name.
+pub fn load_policy(global: &GlobalArgs) -> Result<Policy, PolicyError> {
+    match &global.policy {
+        Some(path) => policy::load(path),
+        None => Ok(Policy::embedded()),
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: &Cli) -> Report {
+    if let Command::Policy(PolicyCommand::Check { file }) = &cli.command {
+        return match policy::load(file) {
+            Ok(_) => Report {
+                stdout: format!("{}: valid\n", file.display()),
+                ..Report::default()
+            },
+            Err(error) => failure(format!("{error}\n")),
+        };
+    }
+    if let Command::Policy(PolicyCommand::Schema) = &cli.command {
+        return Report {
+            stdout: Policy::json_schema(),
+            ..Report::default()
+        };
+    }
+    let policy = match load_policy(&cli.global) {
+        Ok(policy) => policy,
+        Err(error) => return failure(format!("{error}\n")),
+    };
+    match &cli.command {
+        Command::Mutate(args) => run_mutate(args, &policy),
+        Command::Generate(GenerateCommand::FailurePolicy(args)) => {
+            run_generate_failure_policy(args, &policy)
+        }
+        Command::Policy(PolicyCommand::Show) => Report {
+            stdout: manifest::to_yaml(&serde_json::to_value(&policy).expect("policy serializes")),
+            ..Report::default()
+        },
+        Command::Policy(PolicyCommand::Check { .. } | PolicyCommand::Schema) => {
+            unreachable!("handled before the policy is loaded")
+        }
+    }
+}
+
+fn failure(stderr: String) -> Report {
+    Report {
+        stdout: String::new(),
+        stderr,
+        exit_code: 1,
+    }
+}
+
+// === mutate ===
+
+fn run_mutate(args: &MutateArgs, policy: &Policy) -> Report {
+    let mut report = Report::default();
+    let mut outputs = Vec::new();
+    let mut diffs = String::new();
+    for input in &args.files {
+        let files = match manifest::expand(input) {
+            Ok(files) => files,
+            Err(error) => {
+                report
+                    .stderr
+                    .push_str(&format!("error: {}: {error}\n", input.display()));
+                report.exit_code = 1;
+                continue;
+            }
+        };
+        for file in files {
+            let (documents, error) = manifest::read(&file);
+            let mut mutated = Vec::with_capacity(documents.len());
+            for document in &documents {
+                let mut value = document.value.clone();
+                if let Err(message) =
+                    mutate_document(&mut value, document, policy, &mut report.stderr)
+                {
+                    report.stderr.push_str(&format!("error: {message}\n"));
+                    report.exit_code = 1;
+                }
+                mutated.push(value);
+            }
+            if let Some(error) = error {
+                report.stderr.push_str(&format!("error: {error}\n"));
+                report.exit_code = 1;
+            }
+            if args.diff {
+                diffs.push_str(&unified_diff(
+                    &file.display().to_string(),
+                    &documents,
+                    &mutated,
+                ));
+            }
+            outputs.extend(mutated);
+        }
+    }
+    report.stdout = if args.diff {
+        diffs
+    } else if outputs.is_empty() {
+        String::new()
+    } else {
+        manifest::render(&outputs, args.output)
+    };
+    report
+}
+
+/// Mutates one document in place (recursing into `List` items); notes go to `log`.
+fn mutate_document(
+    value: &mut Value,
+    document: &Document,
+    policy: &Policy,
+    log: &mut String,
+) -> Result<(), String> {
+    let is_list = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind.ends_with("List"));
+    if is_list && let Some(items) = value.get_mut("items").and_then(Value::as_array_mut) {
+        let mut errors = Vec::new();
+        for item in items {
+            if let Err(error) = mutate_document(item, document, policy, log) {
+                errors.push(error);
+            }
+        }
+        return if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("\n"))
+        };
+    }
+    let name = object_name(value, document);
+    let Some(result) = object::mutate_object(value, policy) else {
+        return Ok(());
+    };
+    let mutation = result.map_err(|error| format!("{name}: {error}"))?;
+    for warning in &mutation.outcome.warnings {
+        log.push_str(&format!("warning: {name}: {warning}\n"));
+    }
+    match mutation.outcome.skipped {
+        Some(SkipReason::SkipAnnotation) => {
+            log.push_str(&format!(
+                "{name}: skipped ({} annotation)\n",
+                mutate::SKIP_ANNOTATION
+            ));
+        }
+        Some(_) => {}
+        None if mutation.patch.is_empty() => log.push_str(&format!("{name}: unchanged\n")),
+        None => {
+            *value = crate::patch::apply(value, &mutation.patch)
+                .map_err(|error| format!("{name}: {error}"))?;
+            log.push_str(&format!("{name}: {}\n", mutation.outcome.summary()));
+        }
+    }
+    Ok(())
+}
+
+fn object_name(value: &Value, document: &Document) -> String {
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("object");
+    let name = value
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("<unnamed>");
+    format!(
+        "{} (document {}) {}/{}",
+        document.source,
+        document.index,
+        kind.to_lowercase(),
+        name
+    )
+}
+
+fn unified_diff(file: &str, before: &[Document], after: &[Value]) -> String {
+    let before: Vec<Value> = before.iter().map(|d| d.value.clone()).collect();
+    let old = manifest::render(&before, Format::Yaml);
+    let new = manifest::render(after, Format::Yaml);
+    if old == new {
+        return String::new();
+    }
+    similar::TextDiff::from_lines(&old, &new)
+        .unified_diff()
+        .context_radius(3)
+        .header(
+            &format!("a/{}", file.trim_start_matches('/')),
+            &format!("b/{}", file.trim_start_matches('/')),
+        )
+        .to_string()
+}
+
+// === generate failure-policy ===
+
+fn run_generate_failure_policy(args: &FailurePolicyArgs, policy: &Policy) -> Report {
+    // A Job whose named containers each request a device, with nothing else the engine would
+    // change, run through the real engine.
+    let device = policy
+        .devices
+        .names
+        .first()
+        .cloned()
+        .unwrap_or_else(|| format!("{}0", policy.devices.prefixes[0]));
+    let names = if args.containers.is_empty() {
+        vec!["main".to_owned()]
+    } else {
+        args.containers.clone()
+    };
+    let containers = names
+        .iter()
+        .map(|name| Container {
+            name: name.clone(),
+            resources: Some(ResourceRequirements {
+                limits: Some([(device.clone(), Quantity("1".to_owned()))].into()),
+                ..ResourceRequirements::default()
+            }),
+            ..Container::default()
+        })
+        .collect();
+    let job = Job {
+        spec: Some(JobSpec {
+            backoff_limit_per_index: args.per_index.then_some(1),
+            completion_mode: args.per_index.then(|| "Indexed".to_owned()),
+            template: PodTemplateSpec {
+                metadata: None,
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".to_owned()),
+                    containers,
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    };
+    let outcome = mutate::mutate_job(&job, policy);
+    let Some(mut generated) = outcome.job.spec.and_then(|spec| spec.pod_failure_policy) else {
+        return failure(format!(
+            "the policy injects no podFailurePolicy (is mutation.podFailurePolicy.enabled false?)\n{}",
+            outcome.warnings.join("\n")
+        ));
+    };
+    let mut stderr = String::new();
+    if args.containers.is_empty() {
+        for rule in &mut generated.rules {
+            if let Some(exit_codes) = &mut rule.on_exit_codes {
+                exit_codes.container_name = None;
+            }
+        }
+        stderr.push_str(
+            "note: without --container the exit-code rules match every container; name the \
+             device containers if the pod has native sidecars\n",
+        );
+    }
+    Report {
+        stdout: render_failure_policy(&generated, args.output),
+        stderr,
+        exit_code: 0,
+    }
+}
+
+fn render_failure_policy(policy: &PodFailurePolicy, format: Format) -> String {
+    let value = serde_json::json!({ "podFailurePolicy": policy });
+    manifest::render(&[value], format)
+}

@@ -1,0 +1,16 @@
+//! The `gpu-guard` binary: parse the command line, run the command, exit with its status.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpu_guard::cli::{Cli, run};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let report = run(&cli);
+    // A closed pipe (`gpu-guard mutate ... | head`) is not an error worth a panic.
+    let _ = std::io::stdout().lock().write_all(report.stdout.as_bytes());
+    let _ = std::io::stderr().lock().write_all(report.stderr.as_bytes());
+    ExitCode::from(u8::try_from(report.exit_code).unwrap_or(1))
+}

@@ -1,0 +1,103 @@
+//! The typed list of what the engine changes. Each variant owns one path of the Job; the patch
+//! layer (`crate::patch`) renders the same variants as JSON Patch operations.
+
+use k8s_openapi::api::batch::v1::{Job, PodFailurePolicy, PodFailurePolicyRule};
+use k8s_openapi::api::core::v1::{PodSpec, Toleration};
+
+/// One change to a Job (or to a CronJob's `jobTemplate`, which has the same shape).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    /// `metadata.annotations[key] = value`.
+    SetAnnotation { key: String, value: String },
+    /// `spec.podFailurePolicy = policy` (the Job had none, or it is replaced).
+    SetPodFailurePolicy(PodFailurePolicy),
+    /// Insert `rules` in front of the Job's existing `spec.podFailurePolicy.rules`.
+    PrependRules(Vec<PodFailurePolicyRule>),
+    /// `spec.podReplacementPolicy = value`.
+    SetPodReplacementPolicy(String),
+    /// `spec.template.spec.restartPolicy = value`.
+    SetRestartPolicy(String),
+    /// `spec.template.spec.terminationGracePeriodSeconds = value`.
+    SetTerminationGracePeriod(i64),
+    /// `spec.template.spec.tolerations[index].tolerationSeconds = seconds`.
+    SetTolerationSeconds { index: usize, seconds: i64 },
+    /// Append a toleration to `spec.template.spec.tolerations`.
+    AddToleration(Toleration),
+    /// `spec.activeDeadlineSeconds = value`.
+    SetActiveDeadlineSeconds(i64),
+}
+
+impl Change {
+    /// Applies the change to a typed Job. The Job must have a spec and a pod template spec
+    /// (the engine only builds changes for such Jobs).
+    pub fn apply(&self, job: &mut Job) {
+        let spec = job.spec.get_or_insert_with(Default::default);
+        match self {
+            Self::SetAnnotation { key, value } => {
+                job.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(key.clone(), value.clone());
+            }
+            Self::SetPodFailurePolicy(policy) => spec.pod_failure_policy = Some(policy.clone()),
+            Self::PrependRules(rules) => {
+                let policy = spec.pod_failure_policy.get_or_insert_with(Default::default);
+                policy.rules.splice(0..0, rules.iter().cloned());
+            }
+            Self::SetPodReplacementPolicy(value) => {
+                spec.pod_replacement_policy = Some(value.clone());
+            }
+            Self::SetActiveDeadlineSeconds(value) => spec.active_deadline_seconds = Some(*value),
+            Self::SetRestartPolicy(value) => pod_spec(job).restart_policy = Some(value.clone()),
+            Self::SetTerminationGracePeriod(value) => {
+                pod_spec(job).termination_grace_period_seconds = Some(*value);
+            }
+            Self::SetTolerationSeconds { index, seconds } => {
+                if let Some(toleration) = pod_spec(job)
+                    .tolerations
+                    .as_mut()
+                    .and_then(|tolerations| tolerations.get_mut(*index))
+                {
+                    toleration.toleration_seconds = Some(*seconds);
+                }
+            }
+            Self::AddToleration(toleration) => pod_spec(job)
+                .tolerations
+                .get_or_insert_with(Default::default)
+                .push(toleration.clone()),
+        }
+    }
+
+    /// A short description, for the `gpu-guard.io/mutated` annotation and audit logs.
+    pub fn summary(&self) -> String {
+        match self {
+            Self::SetAnnotation { key, .. } => format!("annotation {key}"),
+            Self::SetPodFailurePolicy(policy) => {
+                format!("podFailurePolicy ({} rules)", policy.rules.len())
+            }
+            Self::PrependRules(rules) => format!("podFailurePolicy (+{} rules)", rules.len()),
+            Self::SetPodReplacementPolicy(value) => format!("podReplacementPolicy={value}"),
+            Self::SetRestartPolicy(value) => format!("restartPolicy={value}"),
+            Self::SetTerminationGracePeriod(value) => {
+                format!("terminationGracePeriodSeconds={value}")
+            }
+            Self::SetTolerationSeconds { index, seconds } => {
+                format!("tolerations[{index}].tolerationSeconds={seconds}")
+            }
+            Self::AddToleration(toleration) => format!(
+                "toleration {}={}s",
+                toleration.key.as_deref().unwrap_or("*"),
+                toleration.toleration_seconds.unwrap_or_default()
+            ),
+            Self::SetActiveDeadlineSeconds(value) => format!("activeDeadlineSeconds={value}"),
+        }
+    }
+}
+
+fn pod_spec(job: &mut Job) -> &mut PodSpec {
+    job.spec
+        .get_or_insert_with(Default::default)
+        .template
+        .spec
+        .get_or_insert_with(Default::default)
+}

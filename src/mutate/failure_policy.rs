@@ -1,0 +1,248 @@
+//! The injected podFailurePolicy: which rules, in which order, merged with the Job's own.
+//!
+//! Rules come in the policy's order: pod-condition rules first (`DisruptionTarget`,
+//! `gpu-guard.io/DeviceFailure`), then one exit-code rule per exit-code setting and device
+//! container, each naming the container: the Job controller also reads the exit codes of native
+//! sidecars, which exit 137/143 at every shutdown, so a rule without `containerName` could match
+//! them. When the per-container rules do not fit in the API server's 20-rule limit, the
+//! exit-code rules fall back to one rule per setting without `containerName` (safe because the
+//! policy never lets `Ignore` match 137 or 143), with a warning; when even that does not fit,
+//! no podFailurePolicy is injected, with a warning.
+//!
+//! In `Merge` mode the Job's own rules keep their order after the injected ones, and a device
+//! rule the Job already handles is left out: the Job's own rule wins for that condition or exit
+//! code, so mutating twice changes nothing the second time.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::batch::v1::{
+    PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
+    PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
+};
+
+use super::api_rules::MAX_RULES;
+use super::{Change, Draft, workload::DeviceContainers};
+use crate::policy::{
+    ExistingPolicy, FailurePolicySettings, OnFailureRestartPolicy, PodReplacementPolicy, RuleAction,
+};
+
+/// Adds the podFailurePolicy (and the restart and replacement policies it needs) to a draft.
+pub(super) fn apply(
+    draft: &mut Draft,
+    devices: &DeviceContainers,
+    settings: &FailurePolicySettings,
+) {
+    if !settings.enabled {
+        return;
+    }
+    if restart_policy_allows_injection(draft, settings) {
+        inject_rules(draft, devices, settings);
+    }
+
+    let spec = draft.spec();
+    let current = spec.pod_replacement_policy.as_deref();
+    let required = spec.pod_failure_policy.is_some() && current.is_some();
+    let wanted = settings.pod_replacement_policy == PodReplacementPolicy::Failed || required;
+    if wanted && current != Some("Failed") {
+        draft.apply(Change::SetPodReplacementPolicy("Failed".to_owned()));
+    }
+}
+
+/// A podFailurePolicy needs `restartPolicy: Never`.
+fn restart_policy_allows_injection(draft: &mut Draft, settings: &FailurePolicySettings) -> bool {
+    let restart_policy = draft
+        .spec()
+        .template
+        .spec
+        .as_ref()
+        .and_then(|pod| pod.restart_policy.clone());
+    match restart_policy.as_deref() {
+        Some("Never") => true,
+        Some("OnFailure") => match settings.on_failure_restart_policy {
+            OnFailureRestartPolicy::Skip => {
+                draft.warn(
+                    "restartPolicy OnFailure: no podFailurePolicy added, device errors count \
+                     as failures; use restartPolicy Never",
+                );
+                false
+            }
+            OnFailureRestartPolicy::ConvertToNever => {
+                draft.apply(Change::SetRestartPolicy("Never".to_owned()));
+                draft.warn(
+                    "restartPolicy changed from OnFailure to Never: failed pods are replaced, \
+                     not restarted in place",
+                );
+                true
+            }
+        },
+        other => {
+            draft.warn(format!(
+                "restartPolicy {:?} is not valid for a Job (use Never): no podFailurePolicy added",
+                other.unwrap_or("")
+            ));
+            false
+        }
+    }
+}
+
+fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &FailurePolicySettings) {
+    if !devices.device_sidecars.is_empty() {
+        draft.warn(format!(
+            "native sidecar(s) {} use a device; exit-code rules never match sidecars",
+            devices.device_sidecars.join(", ")
+        ));
+    }
+    let per_index = draft.spec().backoff_limit_per_index.is_some();
+    let existing = draft.spec().pod_failure_policy.clone();
+    let mode = if existing.is_some() {
+        settings.existing_policy
+    } else {
+        ExistingPolicy::Replace
+    };
+    let kept: &[PodFailurePolicyRule] = match (&existing, mode) {
+        (Some(_), ExistingPolicy::Keep) => return,
+        (Some(policy), ExistingPolicy::Merge) => &policy.rules,
+        _ => &[],
+    };
+
+    let mut notes = Vec::new();
+    let per_container = build_rules(
+        settings,
+        Some(&devices.targets),
+        per_index,
+        kept,
+        &mut notes,
+    );
+    let rules = if kept.len() + per_container.len() <= MAX_RULES {
+        per_container
+    } else {
+        let mut fallback_notes = Vec::new();
+        let shared = build_rules(settings, None, per_index, kept, &mut fallback_notes);
+        if kept.len() + shared.len() > MAX_RULES {
+            draft.warn(format!(
+                "no podFailurePolicy added: the Job's {} rules and the {} device rules exceed \
+                 the limit of {MAX_RULES}",
+                kept.len(),
+                shared.len()
+            ));
+            return;
+        }
+        draft.warn(format!(
+            "{} device containers need too many rules; exit-code rules match every container",
+            devices.targets.len()
+        ));
+        notes = fallback_notes;
+        shared
+    };
+    for note in notes {
+        draft.warn(note);
+    }
+
+    match (existing, mode) {
+        (Some(_), ExistingPolicy::Merge) => {
+            if !rules.is_empty() {
+                draft.apply(Change::PrependRules(rules));
+            }
+        }
+        (Some(policy), _) if policy.rules == rules => {}
+        _ => draft.apply(Change::SetPodFailurePolicy(PodFailurePolicy { rules })),
+    }
+}
+
+/// The device rules, leaving out what `kept` (the Job's own rules) already handles.
+/// `targets: None` builds exit-code rules without `containerName`.
+fn build_rules(
+    settings: &FailurePolicySettings,
+    targets: Option<&[String]>,
+    per_index: bool,
+    kept: &[PodFailurePolicyRule],
+    notes: &mut Vec<String>,
+) -> Vec<PodFailurePolicyRule> {
+    let mut rules = Vec::new();
+    for condition in &settings.pod_condition_rules {
+        let status = condition.status.as_str();
+        let handled_by = kept.iter().find(|rule| {
+            rule.on_pod_conditions.iter().flatten().any(|pattern| {
+                pattern.type_ == condition.condition_type
+                    && pattern.status.as_deref().unwrap_or("True") == status
+            })
+        });
+        if let Some(rule) = handled_by {
+            if rule.action != condition.action.as_str() {
+                notes.push(format!(
+                    "the Job's own {} rule handles {}={}; gpu-guard's {} rule is not added",
+                    rule.action,
+                    condition.condition_type,
+                    status,
+                    condition.action.as_str()
+                ));
+            }
+            continue;
+        }
+        rules.push(PodFailurePolicyRule {
+            action: condition.action.as_str().to_owned(),
+            on_exit_codes: None,
+            on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                type_: condition.condition_type.clone(),
+                status: Some(status.to_owned()),
+            }]),
+        });
+    }
+
+    let containers: Vec<Option<&str>> = match targets {
+        Some(names) => names.iter().map(|name| Some(name.as_str())).collect(),
+        None => vec![None],
+    };
+    for setting in &settings.exit_code_rules {
+        let action = match setting.action {
+            RuleAction::FailJob if per_index && settings.fail_index_for_per_index_jobs => {
+                RuleAction::FailIndex
+            }
+            action => action,
+        };
+        for &container in &containers {
+            let mut codes: BTreeSet<i32> = setting.codes.iter().copied().collect();
+            for rule in kept {
+                let Some(requirement) = &rule.on_exit_codes else {
+                    continue;
+                };
+                let applies = match (container, requirement.container_name.as_deref()) {
+                    (_, None) => true,
+                    (Some(target), Some(named)) => target == named,
+                    // A rule for every container must respect every container's own rules.
+                    (None, Some(_)) => true,
+                };
+                if requirement.operator != "In" || !applies {
+                    continue;
+                }
+                let taken: Vec<i32> = requirement
+                    .values
+                    .iter()
+                    .copied()
+                    .filter(|code| codes.remove(code))
+                    .collect();
+                if !taken.is_empty() && rule.action != action.as_str() {
+                    notes.push(format!(
+                        "the Job's own {} rule handles exit code(s) {taken:?}{}; gpu-guard \
+                         leaves them to it",
+                        rule.action,
+                        container.map(|c| format!(" of {c}")).unwrap_or_default()
+                    ));
+                }
+            }
+            if codes.is_empty() {
+                continue;
+            }
+            rules.push(PodFailurePolicyRule {
+                action: action.as_str().to_owned(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: container.map(str::to_owned),
+                    operator: "In".to_owned(),
+                    values: codes.into_iter().collect(),
+                }),
+                on_pod_conditions: None,
+            });
+        }
+    }
+    rules
+}

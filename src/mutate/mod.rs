@@ -1,0 +1,242 @@
+//! The mutation engine: one typed `batch/v1` Job in, the mutated Job, the list of changes and
+//! human-readable warnings out. Pure: no IO, no async, no clock; the webhook and the CLI call
+//! the same [`mutate_job`], so they cannot disagree.
+//!
+//! What it does to a device Job (see `policies/default.yaml` for every setting):
+//! - injects a podFailurePolicy that retries device errors and disruptions
+//!   ([`failure_policy`]), and makes `podReplacementPolicy` compatible with it;
+//! - keeps the termination grace period in a window, and raises the node not-ready /
+//!   unreachable toleration seconds ([`pod_settings`]);
+//! - records what it did in the `gpu-guard.io/mutated` annotation.
+//!
+//! Every result is checked with [`api_rules::check_job`]; a result the API server would reject
+//! is never returned: the Job comes back unchanged with a warning saying why.
+//!
+//! Changes are typed ([`Change`]): the engine applies each one to its copy of the Job with
+//! [`Change::apply`], and the patch layer turns the same list into JSON Patch operations, so
+//! no whole-object diff is needed on the request path.
+//!
+//! ```
+//! use gpu_guard::{mutate::mutate_job, policy::Policy};
+//! let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(serde_json::json!({
+//!     "metadata": {"name": "train"},
+//!     "spec": {"template": {"spec": {
+//!         "restartPolicy": "Never",
+//!         "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+//!     }}}
+//! })).unwrap();
+//! let outcome = mutate_job(&job, &Policy::embedded());
+//! let rules = &outcome.job.spec.as_ref().unwrap().pod_failure_policy.as_ref().unwrap().rules;
+//! assert_eq!(rules.len(), 3); // DisruptionTarget, DeviceFailure, exit codes of "main"
+//! assert!(gpu_guard::mutate::api_rules::check_job(&outcome.job).is_empty());
+//! ```
+
+pub mod api_rules;
+mod change;
+pub mod failure_policy;
+pub mod pod_settings;
+mod workload;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec, JobTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+pub use change::Change;
+pub use workload::{DeviceContainers, device_containers};
+
+use crate::policy::Policy;
+
+/// An object with this annotation set to `"true"` is left alone by the mutating webhook.
+pub const SKIP_ANNOTATION: &str = "gpu-guard.io/skip";
+/// A Job with this label or annotation set to `"true"` is mutated even without a device request.
+pub const INJECT_KEY: &str = "gpu-guard.io/inject";
+/// Where the engine records what it changed.
+pub const MUTATED_ANNOTATION: &str = "gpu-guard.io/mutated";
+
+/// Why a Job was not considered for mutation at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Annotated `gpu-guard.io/skip: "true"`.
+    SkipAnnotation,
+    /// No container requests or limits a device resource, and no opt-in label or annotation.
+    NotDeviceWorkload,
+    /// The Job has no spec or no pod template spec.
+    NoPodSpec,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SkipAnnotation => "skip-annotation",
+            Self::NotDeviceWorkload => "not-a-device-workload",
+            Self::NoPodSpec => "no-pod-spec",
+        }
+    }
+}
+
+/// What the engine decided for one Job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// The Job to admit: the input with `changes` applied, or the input itself.
+    pub job: Job,
+    /// What changed, in order; empty when the Job is unchanged.
+    pub changes: Vec<Change>,
+    /// Messages for the user (the webhook sends them as admission warnings).
+    pub warnings: Vec<String>,
+    /// Set when the Job was not a candidate at all.
+    pub skipped: Option<SkipReason>,
+}
+
+impl Outcome {
+    pub(crate) fn skipped(job: &Job, reason: SkipReason) -> Self {
+        Self {
+            job: job.clone(),
+            changes: Vec::new(),
+            warnings: Vec::new(),
+            skipped: Some(reason),
+        }
+    }
+
+    /// Whether the engine changed the Job.
+    pub fn is_changed(&self) -> bool {
+        !self.changes.is_empty()
+    }
+
+    /// A one-line summary of the changes, e.g. for an audit annotation.
+    pub fn summary(&self) -> String {
+        summarize(&self.changes)
+    }
+}
+
+fn summarize(changes: &[Change]) -> String {
+    let parts: Vec<String> = changes
+        .iter()
+        .filter(|change| !matches!(change, Change::SetAnnotation { .. }))
+        .map(Change::summary)
+        .collect();
+    parts.join(", ")
+}
+
+/// The working copy of a Job while the engine decides: every change goes through
+/// [`Draft::apply`], so the typed copy and the change list never disagree.
+pub(crate) struct Draft {
+    job: Job,
+    changes: Vec<Change>,
+    warnings: Vec<String>,
+}
+
+impl Draft {
+    pub(crate) fn apply(&mut self, change: Change) {
+        change.apply(&mut self.job);
+        self.changes.push(change);
+    }
+
+    pub(crate) fn warn(&mut self, warning: impl Into<String>) {
+        self.warnings.push(warning.into());
+    }
+
+    pub(crate) fn spec(&self) -> &JobSpec {
+        self.job
+            .spec
+            .as_ref()
+            .expect("the engine only drafts Jobs that have a spec")
+    }
+}
+
+/// Decides and applies everything the policy asks for on one Job.
+pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
+    if has_true(job.metadata.annotations.as_ref(), SKIP_ANNOTATION) {
+        return Outcome::skipped(job, SkipReason::SkipAnnotation);
+    }
+    let Some(pod) = job
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+    else {
+        return Outcome::skipped(job, SkipReason::NoPodSpec);
+    };
+    let opted_in = has_true(job.metadata.labels.as_ref(), INJECT_KEY)
+        || has_true(job.metadata.annotations.as_ref(), INJECT_KEY);
+    let devices = device_containers(pod, &policy.devices, opted_in);
+    if devices.is_empty() {
+        return Outcome::skipped(job, SkipReason::NotDeviceWorkload);
+    }
+
+    let mut draft = Draft {
+        job: job.clone(),
+        changes: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let mutation = &policy.mutation;
+    failure_policy::apply(&mut draft, &devices, &mutation.pod_failure_policy);
+    pod_settings::apply_grace_window(&mut draft, &mutation.termination_grace_period);
+    pod_settings::apply_readiness_tolerations(&mut draft, &mutation.node_readiness_tolerations);
+    if let Some(deadline) = mutation.active_deadline_seconds
+        && draft.spec().active_deadline_seconds.is_none()
+    {
+        draft.apply(Change::SetActiveDeadlineSeconds(deadline));
+    }
+
+    if draft.changes.is_empty() {
+        return Outcome {
+            job: draft.job,
+            changes: draft.changes,
+            warnings: draft.warnings,
+            skipped: None,
+        };
+    }
+    let summary = summarize(&draft.changes);
+    draft.apply(Change::SetAnnotation {
+        key: MUTATED_ANNOTATION.to_owned(),
+        value: summary,
+    });
+
+    let violations = api_rules::check_job(&draft.job);
+    if let Some(first) = violations.first() {
+        let mut warnings = draft.warnings;
+        warnings.push(format!(
+            "gpu-guard left this Job unchanged: the API server would reject the result ({first})"
+        ));
+        return Outcome {
+            job: job.clone(),
+            changes: Vec::new(),
+            warnings,
+            skipped: None,
+        };
+    }
+    Outcome {
+        job: draft.job,
+        changes: draft.changes,
+        warnings: draft.warnings,
+        skipped: None,
+    }
+}
+
+/// [`mutate_job`] for the `jobTemplate` of a CronJob: the template is treated as the Job it
+/// will create, so its changes apply under `spec.jobTemplate`.
+pub fn mutate_job_template(template: &JobTemplateSpec, policy: &Policy) -> Outcome {
+    mutate_job(&template_as_job(template), policy)
+}
+
+/// The Job a CronJob's `jobTemplate` describes (its metadata and spec).
+pub fn template_as_job(template: &JobTemplateSpec) -> Job {
+    Job {
+        metadata: template.metadata.clone().unwrap_or_default(),
+        spec: template.spec.clone(),
+        status: None,
+    }
+}
+
+/// Whether an object's metadata says `gpu-guard.io/skip: "true"`.
+pub fn is_skipped(metadata: &ObjectMeta) -> bool {
+    has_true(metadata.annotations.as_ref(), SKIP_ANNOTATION)
+}
+
+fn has_true(map: Option<&BTreeMap<String, String>>, key: &str) -> bool {
+    map.and_then(|map| map.get(key))
+        .is_some_and(|value| value == "true")
+}
+
+#[cfg(test)]
+mod tests;

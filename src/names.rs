@@ -1,0 +1,146 @@
+//! Kubernetes name syntax (apimachinery `validation.IsQualifiedName` and friends), shared by the
+//! policy file's validation and the API-rules checker.
+
+/// Checks a qualified name (`[prefix/]name`, as used for condition types, label keys and
+/// extended resource names). Returns the reasons it is not one, empty when it is.
+pub fn qualified_name_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let (prefix, name) = match value.split_once('/') {
+        None => (None, value),
+        Some((prefix, name)) if !name.contains('/') => (Some(prefix), name),
+        Some(_) => {
+            errors.push(
+                "a qualified name must consist of alphanumeric characters, '-', '_' or '.', \
+                 with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+                    .to_owned(),
+            );
+            return errors;
+        }
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            errors.push("prefix part must be non-empty".to_owned());
+        } else {
+            errors.extend(
+                dns_subdomain_errors(prefix)
+                    .into_iter()
+                    .map(|e| format!("prefix part {e}")),
+            );
+        }
+    }
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_owned());
+    } else if name.len() > 63 {
+        errors.push("name part must be no more than 63 characters".to_owned());
+    } else if !is_qualified_name_part(name) {
+        errors.push(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start \
+             and end with an alphanumeric character (e.g. 'MyName', 'my.name' or '123-abc')"
+                .to_owned(),
+        );
+    }
+    errors
+}
+
+fn is_qualified_name_part(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_alphanumeric();
+    bytes.first().is_some_and(alnum)
+        && bytes.last().is_some_and(alnum)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Checks a DNS-1123 subdomain (lower case, dots between labels, at most 253 characters).
+pub fn dns_subdomain_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > 253 {
+        errors.push("must be no more than 253 characters".to_owned());
+    }
+    let valid_label = |label: &str| {
+        let bytes = label.as_bytes();
+        let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        bytes.first().is_some_and(edge)
+            && bytes.last().is_some_and(edge)
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+    };
+    if !value.split('.').all(valid_label) {
+        errors.push(
+            "must be a lowercase RFC 1123 subdomain: lower case alphanumeric characters, '-' or \
+             '.', starting and ending with an alphanumeric character (e.g. 'example.com')"
+                .to_owned(),
+        );
+    }
+    errors
+}
+
+/// Checks a DNS-1123 label (a container name, a namespace name): at most 63 characters.
+pub fn dns_label_errors(value: &str) -> Vec<String> {
+    if value.len() > 63 {
+        return vec!["must be no more than 63 characters".to_owned()];
+    }
+    let bytes = value.as_bytes();
+    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let valid = bytes.first().is_some_and(edge)
+        && bytes.last().is_some_and(edge)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    if valid {
+        Vec::new()
+    } else {
+        vec![
+            "must be a lowercase RFC 1123 label: lower case alphanumeric characters or '-', \
+             starting and ending with an alphanumeric character (e.g. 'my-name')"
+                .to_owned(),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qualified_names() {
+        for good in [
+            "DisruptionTarget",
+            "gpu-guard.io/DeviceFailure",
+            "nvidia.com/gpu",
+            "nvidia.com/mig-1g.5gb",
+            "a",
+        ] {
+            assert!(
+                qualified_name_errors(good).is_empty(),
+                "{good} should be valid"
+            );
+        }
+        for bad in [
+            "",
+            "/x",
+            "Example.com/x",
+            "a/b/c",
+            "-x",
+            "x-",
+            "example.com/",
+            "has space",
+        ] {
+            assert!(
+                !qualified_name_errors(bad).is_empty(),
+                "{bad:?} should be invalid"
+            );
+        }
+        assert!(!qualified_name_errors(&"x".repeat(64)).is_empty());
+    }
+
+    #[test]
+    fn dns_labels() {
+        assert!(dns_label_errors("trainer-0").is_empty());
+        assert!(!dns_label_errors("Trainer").is_empty());
+        assert!(!dns_label_errors("").is_empty());
+        assert!(!dns_label_errors(&"a".repeat(64)).is_empty());
+    }
+}

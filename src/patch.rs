@@ -1,0 +1,224 @@
+//! JSON Patch operations derived from the engine's typed [`Change`] list, applied to the raw
+//! object as it arrived (so fields this version of k8s-openapi does not know survive).
+//!
+//! This is the only place patches are built. Each change owns one path; an absent or `null`
+//! parent is created in the same operation (`add /metadata/annotations {"k": "v"}`), arrays are
+//! appended to (`.../tolerations/-`) or inserted into at a known index (rules prepended to a
+//! podFailurePolicy), never rewritten by position. A property test proves that applying these
+//! operations gives the same document as `json_patch::diff` of the typed objects.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchError, PatchOperation};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::mutate::Change;
+
+/// Where a Job's fields are inside an object: `""` for a Job, `/spec/jobTemplate` for a
+/// CronJob (whose `jobTemplate` has the Job's `metadata` and `spec`).
+pub const JOB_ROOT: &str = "";
+/// The Job inside a CronJob.
+pub const CRON_JOB_TEMPLATE_ROOT: &str = "/spec/jobTemplate";
+
+/// The JSON Patch that makes `raw` (the object as received) carry `changes`; `root` is where
+/// the Job is inside `raw` ([`JOB_ROOT`] or [`CRON_JOB_TEMPLATE_ROOT`]).
+pub fn operations(changes: &[Change], raw: &Value, root: &str) -> Patch {
+    let mut builder = Builder {
+        raw,
+        root,
+        created: Vec::new(),
+        ops: Vec::new(),
+    };
+    for change in changes {
+        builder.add_change(change);
+    }
+    Patch(builder.ops)
+}
+
+/// Applies a patch to a copy of `raw`; an error means the patch must not be sent.
+pub fn apply(raw: &Value, patch: &Patch) -> Result<Value, PatchError> {
+    let mut patched = raw.clone();
+    json_patch::patch(&mut patched, patch)?;
+    Ok(patched)
+}
+
+struct Builder<'a> {
+    raw: &'a Value,
+    root: &'a str,
+    /// Paths (relative to `root`) this patch has already created.
+    created: Vec<String>,
+    ops: Vec<PatchOperation>,
+}
+
+impl Builder<'_> {
+    fn add_change(&mut self, change: &Change) {
+        const POD: &str = "/spec/template/spec";
+        match change {
+            Change::SetAnnotation { key, value } => {
+                self.set("/metadata/annotations", key, json(value));
+            }
+            Change::SetPodFailurePolicy(policy) => {
+                self.set("/spec", "podFailurePolicy", json(policy))
+            }
+            Change::PrependRules(rules) => {
+                let path = "/spec/podFailurePolicy/rules";
+                if self.exists(path) {
+                    for (index, rule) in rules.iter().enumerate() {
+                        self.push_add(&format!("{path}/{index}"), json(rule));
+                    }
+                } else {
+                    self.set("/spec/podFailurePolicy", "rules", json(rules));
+                }
+            }
+            Change::SetPodReplacementPolicy(value) => {
+                self.set("/spec", "podReplacementPolicy", json(value));
+            }
+            Change::SetActiveDeadlineSeconds(value) => {
+                self.set("/spec", "activeDeadlineSeconds", json(value));
+            }
+            Change::SetRestartPolicy(value) => self.set(POD, "restartPolicy", json(value)),
+            Change::SetTerminationGracePeriod(value) => {
+                self.set(POD, "terminationGracePeriodSeconds", json(value));
+            }
+            Change::SetTolerationSeconds { index, seconds } => {
+                self.set(
+                    &format!("{POD}/tolerations/{index}"),
+                    "tolerationSeconds",
+                    json(seconds),
+                );
+            }
+            Change::AddToleration(toleration) => {
+                let path = format!("{POD}/tolerations");
+                if self.exists(&path) {
+                    self.push_add(&format!("{path}/-"), json(toleration));
+                } else {
+                    self.set(POD, "tolerations", Value::Array(vec![json(toleration)]));
+                }
+            }
+        }
+    }
+
+    /// Sets `parent[key] = value`, creating `parent` (and its missing ancestors) as objects
+    /// holding just this key when it is absent or null.
+    fn set(&mut self, parent: &str, key: &str, value: Value) {
+        let path = format!("{parent}/{}", escape(key));
+        if parent.is_empty() || self.exists(parent) {
+            self.push_add(&path, value);
+            self.created.push(path);
+            return;
+        }
+        let (grandparent, parent_key) = parent.rsplit_once('/').unwrap_or(("", parent));
+        let parent_key = unescape(parent_key);
+        self.set(
+            grandparent,
+            &parent_key,
+            Value::Object(Map::from_iter([(key.to_owned(), value)])),
+        );
+        self.created.push(path);
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        self.created.iter().any(|created| created == path)
+            || self
+                .raw
+                .pointer(&format!("{}{path}", self.root))
+                .is_some_and(|value| !value.is_null())
+    }
+
+    fn push_add(&mut self, path: &str, value: Value) {
+        let pointer = PointerBuf::parse(format!("{}{path}", self.root))
+            .expect("patch paths are built from escaped tokens");
+        self.ops.push(PatchOperation::Add(AddOperation {
+            path: pointer,
+            value,
+        }));
+    }
+}
+
+fn json(value: &impl Serialize) -> Value {
+    serde_json::to_value(value).expect("k8s-openapi types serialize to JSON")
+}
+
+/// Escapes a key as a JSON Pointer token (RFC 6901).
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+fn unescape(token: &str) -> String {
+    token.replace("~1", "/").replace("~0", "~")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_annotation_on_an_object_without_annotations_creates_the_map_in_one_operation() {
+        let raw = json!({"metadata": {"name": "x"}, "spec": {}});
+        let changes = [Change::SetAnnotation {
+            key: "gpu-guard.io/mutated".to_owned(),
+            value: "yes".to_owned(),
+        }];
+        let patch = operations(&changes, &raw, JOB_ROOT);
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!([{"op": "add", "path": "/metadata/annotations",
+                    "value": {"gpu-guard.io/mutated": "yes"}}])
+        );
+        let patched = apply(&raw, &patch).unwrap();
+        assert_eq!(
+            patched["metadata"]["annotations"]["gpu-guard.io/mutated"],
+            "yes"
+        );
+    }
+
+    #[test]
+    fn keys_with_slashes_are_escaped_and_null_parents_are_replaced() {
+        let raw = json!({"metadata": {"annotations": {"a": "b"}}, "spec": {"template": {"spec": {"tolerations": null}}}});
+        let toleration = serde_json::from_value(json!({"key": "k", "operator": "Exists"})).unwrap();
+        let changes = [
+            Change::SetAnnotation {
+                key: "gpu-guard.io/mutated".to_owned(),
+                value: "v".to_owned(),
+            },
+            Change::AddToleration(toleration),
+            Change::AddToleration(serde_json::from_value(json!({"key": "j"})).unwrap()),
+        ];
+        let patch = operations(&changes, &raw, JOB_ROOT);
+        let paths: Vec<String> = patch.iter().map(|op| op.path().to_string()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "/metadata/annotations/gpu-guard.io~1mutated",
+                "/spec/template/spec/tolerations",
+                "/spec/template/spec/tolerations/-",
+            ]
+        );
+        let patched = apply(&raw, &patch).unwrap();
+        assert_eq!(
+            patched["spec"]["template"]["spec"]["tolerations"][1]["key"],
+            "j"
+        );
+        assert_eq!(patched["metadata"]["annotations"]["a"], "b");
+    }
+
+    #[test]
+    fn prepended_rules_are_inserted_without_touching_the_existing_ones() {
+        let raw = json!({"spec": {"podFailurePolicy": {"rules": [
+            {"action": "Count", "onExitCodes": {"operator": "In", "values": [1]}, "futureField": 1}
+        ]}}});
+        let rule = serde_json::from_value(json!({"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]})).unwrap();
+        let patch = operations(&[Change::PrependRules(vec![rule])], &raw, JOB_ROOT);
+        let patched = apply(&raw, &patch).unwrap();
+        let rules = patched["spec"]["podFailurePolicy"]["rules"]
+            .as_array()
+            .unwrap();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0]["action"], "Ignore");
+        assert_eq!(
+            rules[1]["futureField"], 1,
+            "unknown fields of the Job's own rules survive"
+        );
+    }
+}

@@ -1,0 +1,347 @@
+//! Reading a policy file: YAML syntax and types first (serde, with the field path and position
+//! of the first error), then every semantic rule at once, each reported with the line of the
+//! field it is about.
+
+use std::fmt;
+use std::path::Path;
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::Marker;
+
+use super::Policy;
+use super::validate::validate;
+use crate::field::{DocumentKey, FieldPath};
+
+/// One thing wrong with a policy file, with where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyProblem {
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// The field, e.g. `mutation.podFailurePolicy.exitCodeRules[0].codes[1]`; empty for the
+    /// whole document.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// Why a policy file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read policy file {file}: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}", render(file, problems))]
+    Invalid {
+        file: String,
+        problems: Vec<PolicyProblem>,
+    },
+}
+
+impl PolicyError {
+    /// The problems found, empty for a read error.
+    pub fn problems(&self) -> &[PolicyProblem] {
+        match self {
+            Self::Read { .. } => &[],
+            Self::Invalid { problems, .. } => problems,
+        }
+    }
+}
+
+fn render(file: &str, problems: &[PolicyProblem]) -> String {
+    let lines: Vec<String> = problems
+        .iter()
+        .map(|problem| {
+            let mut place = file.to_owned();
+            if let Some(line) = problem.line {
+                place.push_str(&format!(":{line}"));
+                if let Some(column) = problem.column {
+                    place.push_str(&format!(":{column}"));
+                }
+            }
+            let field = if problem.field.is_empty() {
+                String::new()
+            } else {
+                format!(" {}:", problem.field)
+            };
+            format!("{place}:{field} {}", problem.message)
+        })
+        .collect();
+    let count = problems.len();
+    let noun = if count == 1 { "problem" } else { "problems" };
+    format!("invalid policy ({count} {noun}):\n  {}", lines.join("\n  "))
+}
+
+impl fmt::Display for PolicyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Reads and validates a policy file.
+pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+    let file = path.display().to_string();
+    let source = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    parse(&source, &file)
+}
+
+/// Parses and validates policy text; `file` names it in errors.
+pub fn parse(source: &str, file: &str) -> Result<Policy, PolicyError> {
+    let invalid = |problems| PolicyError::Invalid {
+        file: file.to_owned(),
+        problems,
+    };
+    if source.trim().is_empty() {
+        return Err(invalid(vec![PolicyProblem {
+            line: None,
+            column: None,
+            field: String::new(),
+            message: "the file is empty; write `{}` for a policy that takes every default"
+                .to_owned(),
+        }]));
+    }
+    let mut documents = serde_norway::Deserializer::from_str(source);
+    let Some(document) = documents.next() else {
+        return Err(invalid(vec![PolicyProblem {
+            line: None,
+            column: None,
+            field: String::new(),
+            message: "the file holds no YAML document".to_owned(),
+        }]));
+    };
+    let policy: Policy = serde_path_to_error::deserialize(document).map_err(|error| {
+        let field = error.path().to_string();
+        let inner = error.into_inner();
+        let location = inner.location();
+        invalid(vec![PolicyProblem {
+            line: location.as_ref().map(|l| l.line()),
+            column: location.as_ref().map(|l| l.column()),
+            field: if field == "." { String::new() } else { field },
+            message: clean_serde_message(&inner.to_string()),
+        }])
+    })?;
+    if documents.next().is_some() {
+        return Err(invalid(vec![PolicyProblem {
+            line: None,
+            column: None,
+            field: String::new(),
+            message: "the file holds more than one YAML document; a policy is one document"
+                .to_owned(),
+        }]));
+    }
+
+    let violations = validate(&policy);
+    if violations.is_empty() {
+        return Ok(policy);
+    }
+    let tree = SourceTree::parse(source);
+    Err(invalid(
+        violations
+            .into_iter()
+            .map(|(path, message)| {
+                let marker = tree.as_ref().and_then(|tree| tree.locate(&path));
+                PolicyProblem {
+                    line: marker.map(|m| m.line()),
+                    column: marker.map(|m| m.col() + 1),
+                    field: path.to_string(),
+                    message,
+                }
+            })
+            .collect(),
+    ))
+}
+
+/// serde_norway appends " at line L column C" to its messages; the location is reported
+/// separately, so drop it from the text.
+fn clean_serde_message(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(position) => message[..position].to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+// === impl SourceTree ===
+
+/// The shape of a YAML document with the position of every key and item, to report the line
+/// of a field that failed semantic validation.
+enum Node {
+    Scalar,
+    Sequence(Vec<(Marker, Node)>),
+    Mapping(Vec<(String, Marker, Node)>),
+}
+
+struct SourceTree {
+    root: (Marker, Node),
+}
+
+impl SourceTree {
+    fn parse(source: &str) -> Option<Self> {
+        let mut builder = TreeBuilder::default();
+        Parser::new_from_str(source)
+            .load(&mut builder, false)
+            .ok()?;
+        builder.root.map(|root| Self { root })
+    }
+
+    /// The position of the deepest node on `path` that the file has (a defaulted field is
+    /// reported at its parent).
+    fn locate(&self, path: &FieldPath) -> Option<Marker> {
+        let (mut marker, mut node) = (self.root.0, &self.root.1);
+        for key in path.document_keys() {
+            let next = match (node, key) {
+                (Node::Mapping(entries), DocumentKey::Name(name)) => entries
+                    .iter()
+                    .find(|(key, _, _)| key == name)
+                    .map(|(_, marker, node)| (*marker, node)),
+                (Node::Sequence(items), DocumentKey::Index(index)) => {
+                    items.get(index).map(|(marker, node)| (*marker, node))
+                }
+                _ => None,
+            };
+            match next {
+                Some((next_marker, next_node)) => (marker, node) = (next_marker, next_node),
+                None => break,
+            }
+        }
+        Some(marker)
+    }
+}
+
+#[derive(Default)]
+struct TreeBuilder {
+    /// Open collections: their marker, the node being filled and, for mappings, a pending key.
+    stack: Vec<(Marker, Node, Option<(String, Marker)>)>,
+    root: Option<(Marker, Node)>,
+}
+
+impl TreeBuilder {
+    fn push_value(&mut self, marker: Marker, node: Node, scalar_text: Option<String>) {
+        let Some((_, parent, pending_key)) = self.stack.last_mut() else {
+            self.root = Some((marker, node));
+            return;
+        };
+        match parent {
+            Node::Sequence(items) => items.push((marker, node)),
+            Node::Mapping(entries) => match pending_key.take() {
+                Some((key, key_marker)) => entries.push((key, key_marker, node)),
+                None => *pending_key = Some((scalar_text.unwrap_or_default(), marker)),
+            },
+            Node::Scalar => {}
+        }
+    }
+}
+
+impl MarkedEventReceiver for TreeBuilder {
+    fn on_event(&mut self, event: Event, marker: Marker) {
+        match event {
+            Event::Scalar(text, ..) => self.push_value(marker, Node::Scalar, Some(text)),
+            Event::Alias(_) => self.push_value(marker, Node::Scalar, None),
+            Event::SequenceStart(..) => self.stack.push((marker, Node::Sequence(Vec::new()), None)),
+            Event::MappingStart(..) => self.stack.push((marker, Node::Mapping(Vec::new()), None)),
+            Event::SequenceEnd | Event::MappingEnd => {
+                if let Some((marker, node, _)) = self.stack.pop() {
+                    self.push_value(marker, node, None);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(source: &str) -> Vec<PolicyProblem> {
+        match parse(source, "test.yaml") {
+            Ok(_) => panic!("expected the policy to be refused:\n{source}"),
+            Err(error) => error.problems().to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_embedded_policy_is_valid_and_equals_the_built_in_defaults() {
+        assert_eq!(Policy::embedded(), Policy::default());
+    }
+
+    #[test]
+    fn an_empty_mapping_takes_every_default() {
+        assert_eq!(parse("{}", "x").unwrap(), Policy::default());
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_line_and_field() {
+        let found = problems("mutation:\n  podFailurePolicy:\n    enabeld: false\n");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].line, Some(3));
+        assert_eq!(found[0].field, "mutation.podFailurePolicy.enabeld");
+        assert!(
+            found[0].message.contains("unknown field `enabeld`"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_refused_with_line_and_field() {
+        let found = problems("mutation:\n  terminationGracePeriod:\n    minimumSeconds: soon\n");
+        assert_eq!(found[0].line, Some(3));
+        assert_eq!(
+            found[0].field,
+            "mutation.terminationGracePeriod.minimumSeconds"
+        );
+    }
+
+    #[test]
+    fn semantic_errors_are_all_reported_with_the_line_of_their_field() {
+        let source = "\
+mutation:
+  podFailurePolicy:
+    exitCodeRules:
+    - action: Ignore
+      codes: [74, 0, 74]
+  terminationGracePeriod:
+    minimumSeconds: 600
+    maximumSeconds: 60
+";
+        let found = problems(source);
+        let summary: Vec<(Option<usize>, &str)> =
+            found.iter().map(|p| (p.line, p.field.as_str())).collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    Some(5),
+                    "mutation.podFailurePolicy.exitCodeRules[0].codes[1]"
+                ),
+                (
+                    Some(5),
+                    "mutation.podFailurePolicy.exitCodeRules[0].codes[2]"
+                ),
+                (Some(8), "mutation.terminationGracePeriod.maximumSeconds"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_error_message_names_file_line_and_field() {
+        let error = parse("devices:\n  names: ['Not A Resource']\n", "p.yaml").unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains("p.yaml:2:") && text.contains("devices.names[0]:"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn several_documents_and_empty_files_are_refused() {
+        assert!(!problems("{}\n---\n{}\n").is_empty());
+        assert!(!problems("  \n").is_empty());
+    }
+}

@@ -1,0 +1,327 @@
+//! The policy file's semantic rules: everything serde cannot check. Every problem is returned at
+//! once, each with its field path, so a user fixes a file in one pass.
+
+use std::collections::BTreeMap;
+
+use super::{API_VERSION, KIND, Policy, RuleAction};
+use crate::field::FieldPath;
+use crate::names::qualified_name_errors;
+
+/// The API server's limit on podFailurePolicy rules.
+pub const MAX_RULES: usize = 20;
+
+/// Exit codes that must never be retried without limit: 137 is SIGKILL (OOM kills, and sidecars
+/// killed at shutdown) and 143 is SIGTERM (every container at pod shutdown).
+const NEVER_IGNORED_EXIT_CODES: [i32; 2] = [137, 143];
+
+pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
+
+    if policy.api_version != API_VERSION {
+        report(
+            FieldPath::new(["apiVersion"]),
+            format!("must be {API_VERSION:?}, found {:?}", policy.api_version),
+        );
+    }
+    if policy.kind != KIND {
+        report(
+            FieldPath::new(["kind"]),
+            format!("must be {KIND:?}, found {:?}", policy.kind),
+        );
+    }
+
+    let devices = FieldPath::new(["devices"]);
+    if policy.devices.names.is_empty() && policy.devices.prefixes.is_empty() {
+        report(
+            devices.clone(),
+            "list at least one device resource in names or prefixes (e.g. nvidia.com/gpu)"
+                .to_owned(),
+        );
+    }
+    for (index, name) in policy.devices.names.iter().enumerate() {
+        let errors = qualified_name_errors(name);
+        if !errors.is_empty() || !name.contains('/') {
+            report(
+                devices.child("names").index(index),
+                format!(
+                    "{name:?} is not an extended resource name (a domain-prefixed name such as \
+                     nvidia.com/gpu){}",
+                    suffix(&errors)
+                ),
+            );
+        }
+    }
+    for (index, prefix) in policy.devices.prefixes.iter().enumerate() {
+        // A prefix is a resource name cut short: it must still have its domain and '/'.
+        let probe = format!("{prefix}x");
+        if !prefix.contains('/') || !qualified_name_errors(&probe).is_empty() {
+            report(
+                devices.child("prefixes").index(index),
+                format!(
+                    "{prefix:?} is not the start of an extended resource name (e.g. \
+                     nvidia.com/mig-)"
+                ),
+            );
+        }
+    }
+
+    let settings = &policy.mutation.pod_failure_policy;
+    let pfp = FieldPath::new(["mutation", "podFailurePolicy"]);
+    for (index, rule) in settings.pod_condition_rules.iter().enumerate() {
+        let path = pfp.child("podConditionRules").index(index);
+        let errors = qualified_name_errors(&rule.condition_type);
+        if !errors.is_empty() {
+            report(
+                path.child("type"),
+                format!(
+                    "{:?} is not a valid condition type: {}",
+                    rule.condition_type,
+                    errors.join("; ")
+                ),
+            );
+        }
+        if rule.action == RuleAction::FailIndex {
+            report(
+                path.child("action"),
+                fail_index_message("failIndexForPerIndexJobs applies to exit-code rules only"),
+            );
+        }
+    }
+    for (index, rule) in settings.pod_condition_rules.iter().enumerate() {
+        let first = settings
+            .pod_condition_rules
+            .iter()
+            .position(|other| {
+                other.condition_type == rule.condition_type && other.status == rule.status
+            })
+            .unwrap_or(index);
+        if first != index {
+            report(
+                pfp.child("podConditionRules").index(index),
+                format!(
+                    "condition {}={} is already matched by podConditionRules[{first}]",
+                    rule.condition_type,
+                    rule.status.as_str()
+                ),
+            );
+        }
+    }
+
+    // Which rule first named each exit code, to refuse a code in two rules.
+    let mut owner: BTreeMap<i32, usize> = BTreeMap::new();
+    for (index, rule) in settings.exit_code_rules.iter().enumerate() {
+        let path = pfp.child("exitCodeRules").index(index);
+        if rule.codes.is_empty() {
+            report(
+                path.child("codes"),
+                "list at least one exit code (1 to 255)".to_owned(),
+            );
+        }
+        if rule.action == RuleAction::FailIndex {
+            report(
+                path.child("action"),
+                fail_index_message(
+                    "use FailJob with failIndexForPerIndexJobs: true, which becomes FailIndex \
+                     on Jobs that set backoffLimitPerIndex",
+                ),
+            );
+        }
+        for (position, &code) in rule.codes.iter().enumerate() {
+            let code_path = path.child("codes").index(position);
+            if !(1..=255).contains(&code) {
+                report(
+                    code_path,
+                    format!(
+                        "invalid exit code {code}: exit codes are 1 to 255 (0 is success and \
+                         never matches an In rule)"
+                    ),
+                );
+                continue;
+            }
+            if rule.action == RuleAction::Ignore && NEVER_IGNORED_EXIT_CODES.contains(&code) {
+                report(
+                    code_path.clone(),
+                    format!(
+                        "exit code {code} must not be ignored: it is what OOM-killed and \
+                         shut-down containers exit with, and Ignore retries without limit"
+                    ),
+                );
+            }
+            match owner.get(&code) {
+                Some(&first) if first == index => report(
+                    code_path,
+                    format!("duplicate exit code {code}; list it once"),
+                ),
+                Some(&first) => report(
+                    code_path,
+                    format!(
+                        "exit code {code} is already in exitCodeRules[{first}]; a code can have \
+                         one action only"
+                    ),
+                ),
+                None => {
+                    owner.insert(code, index);
+                }
+            }
+        }
+    }
+
+    // The smallest policy gpu-guard can inject: every condition rule plus one container-less
+    // rule per exit-code rule (the fallback when per-container rules do not fit).
+    let minimum_rules = settings.pod_condition_rules.len() + settings.exit_code_rules.len();
+    if minimum_rules > MAX_RULES {
+        report(
+            pfp.clone(),
+            format!(
+                "the policy needs at least {minimum_rules} rules, more than the {MAX_RULES} the \
+                 API server allows in a podFailurePolicy; merge exit-code rules with the same \
+                 action or drop condition rules"
+            ),
+        );
+    }
+
+    let grace = &policy.mutation.termination_grace_period;
+    let grace_path = FieldPath::new(["mutation", "terminationGracePeriod"]);
+    if grace.minimum_seconds < 0 {
+        report(
+            grace_path.child("minimumSeconds"),
+            "must be 0 or more".to_owned(),
+        );
+    }
+    if grace.maximum_seconds < grace.minimum_seconds {
+        report(
+            grace_path.child("maximumSeconds"),
+            format!(
+                "must be at least minimumSeconds ({}), found {}",
+                grace.minimum_seconds, grace.maximum_seconds
+            ),
+        );
+    }
+
+    let tolerations = &policy.mutation.node_readiness_tolerations;
+    let tolerations_path = FieldPath::new(["mutation", "nodeReadinessTolerations"]);
+    for (field, value) in [
+        ("notReadySeconds", tolerations.not_ready_seconds),
+        ("unreachableSeconds", tolerations.unreachable_seconds),
+    ] {
+        if value < 0 {
+            report(
+                tolerations_path.child(field),
+                format!("must be 0 or more, found {value}"),
+            );
+        }
+    }
+
+    if let Some(deadline) = policy.mutation.active_deadline_seconds
+        && deadline < 1
+    {
+        report(
+            FieldPath::new(["mutation", "activeDeadlineSeconds"]),
+            format!("must be at least 1 (or left out), found {deadline}"),
+        );
+    }
+    problems
+}
+
+fn fail_index_message(hint: &str) -> String {
+    format!("FailIndex is only valid on Jobs with backoffLimitPerIndex; {hint}")
+}
+
+fn suffix(errors: &[String]) -> String {
+    if errors.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", errors.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{ConditionStatus, ExitCodeRule, PodConditionRule};
+
+    fn fields(policy: &Policy) -> Vec<String> {
+        validate(policy)
+            .into_iter()
+            .map(|(path, _)| path.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert!(validate(&Policy::default()).is_empty());
+    }
+
+    #[test]
+    fn exit_codes_are_checked() {
+        let mut policy = Policy::default();
+        policy.mutation.pod_failure_policy.exit_code_rules = vec![
+            ExitCodeRule {
+                action: RuleAction::Ignore,
+                codes: vec![0, 74, 256, 137],
+            },
+            ExitCodeRule {
+                action: RuleAction::FailJob,
+                codes: vec![74],
+            },
+            ExitCodeRule {
+                action: RuleAction::FailIndex,
+                codes: vec![],
+            },
+        ];
+        let base = "mutation.podFailurePolicy.exitCodeRules";
+        assert_eq!(
+            fields(&policy),
+            vec![
+                format!("{base}[0].codes[0]"),
+                format!("{base}[0].codes[2]"),
+                format!("{base}[0].codes[3]"),
+                format!("{base}[1].codes[0]"),
+                format!("{base}[2].codes"),
+                format!("{base}[2].action"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_rule_budget_is_checked() {
+        let mut policy = Policy::default();
+        policy.mutation.pod_failure_policy.pod_condition_rules = (0..20)
+            .map(|i| PodConditionRule {
+                condition_type: format!("example.com/C{i}"),
+                status: ConditionStatus::True,
+                action: RuleAction::Ignore,
+            })
+            .collect();
+        assert_eq!(fields(&policy), vec!["mutation.podFailurePolicy"]);
+    }
+
+    #[test]
+    fn names_and_bounds_are_checked() {
+        let mut policy = Policy::default();
+        policy.devices.names = vec!["gpu".to_owned()];
+        policy.devices.prefixes = vec!["nvidia.com/".to_owned(), "mig-".to_owned()];
+        policy.mutation.pod_failure_policy.pod_condition_rules[0].condition_type =
+            "Not/Valid/Type".to_owned();
+        policy.mutation.termination_grace_period.maximum_seconds = 10;
+        policy
+            .mutation
+            .node_readiness_tolerations
+            .unreachable_seconds = -1;
+        policy.mutation.active_deadline_seconds = Some(0);
+        policy.api_version = "v1".to_owned();
+        assert_eq!(
+            fields(&policy),
+            vec![
+                "apiVersion",
+                "devices.names[0]",
+                "devices.prefixes[1]",
+                "mutation.podFailurePolicy.podConditionRules[0].type",
+                "mutation.terminationGracePeriod.maximumSeconds",
+                "mutation.nodeReadinessTolerations.unreachableSeconds",
+                "mutation.activeDeadlineSeconds",
+            ]
+        );
+    }
+}

@@ -36,6 +36,14 @@ pub struct GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the admission webhooks: HTTPS /mutate and /validate, plain-HTTP /healthz and /readyz.
+    ///
+    /// Without --tls-cert-file/--tls-key-file a throw-away CA and serving certificate are made
+    /// in memory (for localhost, 127.0.0.1 and every --dns-name); the CA bundle is written to
+    /// --ca-bundle-file and logged base64-encoded, ready for a webhook's caBundle. Certificate
+    /// files are re-read when they change. SIGTERM: readiness turns false, requests are served
+    /// for --drain-delay, in-flight requests finish, exit 0; a second signal exits at once.
+    Serve(ServeArgs),
     /// Mutate Jobs (and the jobTemplate of CronJobs) in manifests, as the webhook would.
     ///
     /// Reads YAML or JSON files, multi-document streams, directories (every .yaml, .yml and
@@ -53,6 +61,53 @@ pub enum Command {
     /// Check or show a policy file.
     #[command(subcommand)]
     Policy(PolicyCommand),
+}
+
+#[derive(Debug, Args, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServeArgs {
+    /// Address of the HTTPS webhook listener.
+    #[arg(long, env = "GPU_GUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: std::net::SocketAddr,
+    /// Address of the plain-HTTP admin listener (/healthz, /readyz).
+    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: std::net::SocketAddr,
+    /// PEM certificate chain (leaf first). Re-read when it changes.
+    #[arg(long, env = "GPU_GUARD_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the certificate. Re-read when it changes.
+    #[arg(long, env = "GPU_GUARD_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Seconds between checks of the certificate files.
+    #[arg(long, env = "GPU_GUARD_CERT_POLL_SECONDS", default_value_t = 5)]
+    pub cert_poll_seconds: u64,
+    /// Extra DNS name for a generated certificate (e.g. gpu-guard.gpu-guard.svc). Repeatable.
+    #[arg(long = "dns-name", env = "GPU_GUARD_DNS_NAMES", value_delimiter = ',')]
+    pub dns_names: Vec<String>,
+    /// Where a generated certificate's CA bundle is written.
+    #[arg(long, env = "GPU_GUARD_CA_BUNDLE_FILE")]
+    pub ca_bundle_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "GPU_GUARD_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log level or tracing filter (e.g. info, debug, gpu_guard=debug).
+    #[arg(long, env = "GPU_GUARD_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Seconds to keep serving after SIGTERM before closing the listener.
+    #[arg(long, env = "GPU_GUARD_DRAIN_DELAY_SECONDS", default_value_t = 5)]
+    pub drain_delay_seconds: u64,
+    /// Print the effective configuration (flags, environment, policy source) and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Text,
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +197,17 @@ pub fn run(cli: &Cli) -> Report {
         Err(error) => return failure(format!("{error}\n")),
     };
     match &cli.command {
+        Command::Serve(args) if args.print_config => Report {
+            stdout: manifest::to_yaml(&serde_json::json!({
+                "serve": args,
+                "policy": cli.global.policy.as_ref().map_or_else(
+                    || policy::EMBEDDED_NAME.to_owned(),
+                    |p| p.display().to_string(),
+                ),
+            })),
+            ..Report::default()
+        },
+        Command::Serve(args) => crate::server::run::serve(args, policy),
         Command::Mutate(args) => run_mutate(args, &policy),
         Command::Generate(GenerateCommand::FailurePolicy(args)) => {
             run_generate_failure_policy(args, &policy)

@@ -9,6 +9,7 @@
 //! (so unknown fields survive), [`manifest`] reads and writes Kubernetes manifests, and [`cli`]
 //! is the command line. The webhook and the CLI call the same engine.
 
+pub mod admission;
 pub mod cli;
 pub mod field;
 pub mod manifest;
@@ -17,3 +18,4 @@ pub mod names;
 pub mod object;
 pub mod patch;
 pub mod policy;
+pub mod server;

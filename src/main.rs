@@ -7,6 +7,8 @@ use clap::Parser;
 use gpu_guard::cli::{Cli, run};
 
 fn main() -> ExitCode {
+    // One TLS crypto provider for the whole dependency tree, chosen here.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let report = run(&cli);
     // A closed pipe (`gpu-guard mutate ... | head`) is not an error worth a panic.

@@ -1,1 +1,548 @@
+//! Table-driven tests of the engine's decisions, one behaviour per case.
 
+use serde_json::{Value, json};
+
+use super::*;
+use crate::policy::{ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, RuleAction};
+
+fn job(value: Value) -> Job {
+    serde_json::from_value(value).expect("test Job decodes")
+}
+
+/// A Job with one GPU container `main` and the given pod-spec and spec fields merged in.
+fn gpu_job(pod_extra: Value, spec_extra: Value) -> Job {
+    let mut pod = json!({
+        "restartPolicy": "Never",
+        "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    });
+    merge(&mut pod, pod_extra);
+    let mut spec = json!({"template": {"spec": pod}});
+    merge(&mut spec, spec_extra);
+    job(json!({"metadata": {"name": "train"}, "spec": spec}))
+}
+
+fn merge(target: &mut Value, extra: Value) {
+    if let (Value::Object(target), Value::Object(extra)) = (target, extra) {
+        target.extend(extra);
+    }
+}
+
+fn rules(outcome: &Outcome) -> Vec<Value> {
+    outcome
+        .job
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.pod_failure_policy.as_ref())
+        .map(|policy| {
+            policy
+                .rules
+                .iter()
+                .map(|rule| serde_json::to_value(rule).unwrap())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn condition_rule(condition: &str, action: &str) -> Value {
+    json!({"action": action, "onPodConditions": [{"type": condition, "status": "True"}]})
+}
+
+fn exit_rule(container: &str, action: &str, values: &[i32]) -> Value {
+    json!({"action": action, "onExitCodes": {"containerName": container, "operator": "In", "values": values}})
+}
+
+fn pod(outcome: &Outcome) -> &k8s_openapi::api::core::v1::PodSpec {
+    outcome
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+}
+
+fn default_rules_for(containers: &[&str]) -> Vec<Value> {
+    let mut expected = vec![
+        condition_rule("DisruptionTarget", "Ignore"),
+        condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
+    ];
+    expected.extend(
+        containers
+            .iter()
+            .map(|c| exit_rule(c, "Ignore", &[74, 75, 138])),
+    );
+    expected
+}
+
+#[test]
+fn a_plain_gpu_job_gets_the_full_treatment() {
+    let outcome = mutate_job(&gpu_job(json!({}), json!({})), &Policy::default());
+    assert_eq!(rules(&outcome), default_rules_for(&["main"]));
+    let spec = outcome.job.spec.as_ref().unwrap();
+    assert_eq!(spec.pod_replacement_policy.as_deref(), Some("Failed"));
+    assert_eq!(pod(&outcome).termination_grace_period_seconds, Some(60));
+    let tolerations = serde_json::to_value(&pod(&outcome).tolerations).unwrap();
+    assert_eq!(
+        tolerations,
+        json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900}
+        ])
+    );
+    let annotation = &outcome.job.metadata.annotations.as_ref().unwrap()[MUTATED_ANNOTATION];
+    assert!(
+        annotation.starts_with("podFailurePolicy (3 rules)"),
+        "{annotation}"
+    );
+    assert!(api_rules::check_job(&outcome.job).is_empty());
+}
+
+#[test]
+fn which_jobs_are_candidates() {
+    let cpu_only = job(
+        json!({"spec": {"template": {"spec": {"restartPolicy": "Never",
+        "containers": [{"name": "a", "resources": {"limits": {"cpu": "1"}}}]}}}}),
+    );
+    let cases = [
+        (
+            "no device",
+            cpu_only.clone(),
+            Some(SkipReason::NotDeviceWorkload),
+        ),
+        (
+            "skip annotation",
+            {
+                let mut j = gpu_job(json!({}), json!({}));
+                j.metadata.annotations =
+                    Some([(SKIP_ANNOTATION.to_owned(), "true".to_owned())].into());
+                j
+            },
+            Some(SkipReason::SkipAnnotation),
+        ),
+        (
+            "skip annotation not true",
+            {
+                let mut j = gpu_job(json!({}), json!({}));
+                j.metadata.annotations =
+                    Some([(SKIP_ANNOTATION.to_owned(), "yes".to_owned())].into());
+                j
+            },
+            None,
+        ),
+        (
+            "inject label",
+            {
+                let mut j = cpu_only.clone();
+                j.metadata.labels = Some([(INJECT_KEY.to_owned(), "true".to_owned())].into());
+                j
+            },
+            None,
+        ),
+        (
+            "inject annotation",
+            {
+                let mut j = cpu_only;
+                j.metadata.annotations = Some([(INJECT_KEY.to_owned(), "true".to_owned())].into());
+                j
+            },
+            None,
+        ),
+        ("no spec", Job::default(), Some(SkipReason::NoPodSpec)),
+    ];
+    for (name, input, skipped) in cases {
+        let outcome = mutate_job(&input, &Policy::default());
+        assert_eq!(outcome.skipped, skipped, "{name}");
+        assert_eq!(outcome.is_changed(), skipped.is_none(), "{name}");
+        if skipped.is_some() {
+            assert_eq!(
+                outcome.job, input,
+                "{name}: a skipped Job is returned as it came"
+            );
+        }
+    }
+}
+
+#[test]
+fn native_sidecars_are_never_named_by_exit_code_rules() {
+    let input = gpu_job(
+        json!({
+            "containers": [
+                {"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                {"name": "metrics"}
+            ],
+            "initContainers": [
+                {"name": "fetch"},
+                {"name": "log-shipper", "restartPolicy": "Always"},
+                {"name": "gpu-exporter", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ]
+        }),
+        json!({}),
+    );
+    let outcome = mutate_job(&input, &Policy::default());
+    assert_eq!(rules(&outcome), default_rules_for(&["trainer"]));
+    assert!(
+        outcome.warnings.iter().any(|w| w.contains("gpu-exporter")),
+        "{:?}",
+        outcome.warnings
+    );
+}
+
+#[test]
+fn existing_rules_are_kept_in_order_after_the_device_rules_without_duplicates() {
+    let input = gpu_job(
+        json!({}),
+        json!({"podFailurePolicy": {"rules": [
+            exit_rule("main", "FailJob", &[42]),
+            condition_rule("DisruptionTarget", "Ignore"),
+        ]}}),
+    );
+    let outcome = mutate_job(&input, &Policy::default());
+    assert_eq!(
+        rules(&outcome),
+        vec![
+            condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
+            exit_rule("main", "Ignore", &[74, 75, 138]),
+            exit_rule("main", "FailJob", &[42]),
+            condition_rule("DisruptionTarget", "Ignore"),
+        ]
+    );
+    assert!(matches!(&outcome.changes[0], Change::PrependRules(added) if added.len() == 2));
+    assert!(
+        outcome.warnings.iter().all(|w| !w.contains("rule")),
+        "same action: no warning"
+    );
+}
+
+#[test]
+fn the_jobs_own_rule_wins_for_the_codes_and_conditions_it_handles() {
+    let input = gpu_job(
+        json!({}),
+        json!({"podFailurePolicy": {"rules": [
+            json!({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [74]}}),
+            condition_rule("DisruptionTarget", "Count"),
+        ]}}),
+    );
+    let outcome = mutate_job(&input, &Policy::default());
+    assert_eq!(
+        rules(&outcome)[..2],
+        [
+            condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
+            exit_rule("main", "Ignore", &[75, 138]),
+        ]
+    );
+    assert_eq!(rules(&outcome).len(), 4);
+    assert_eq!(
+        outcome
+            .warnings
+            .iter()
+            .filter(|w| w.contains("the Job's own"))
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn keep_and_replace_modes() {
+    let own = json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[42])]}});
+    let mut policy = Policy::default();
+    policy.mutation.pod_failure_policy.existing_policy = ExistingPolicy::Keep;
+    let kept = mutate_job(&gpu_job(json!({}), own.clone()), &policy);
+    assert_eq!(rules(&kept), vec![exit_rule("main", "FailJob", &[42])]);
+
+    policy.mutation.pod_failure_policy.existing_policy = ExistingPolicy::Replace;
+    let replaced = mutate_job(&gpu_job(json!({}), own), &policy);
+    assert_eq!(rules(&replaced), default_rules_for(&["main"]));
+    assert!(matches!(
+        replaced.changes[0],
+        Change::SetPodFailurePolicy(_)
+    ));
+}
+
+#[test]
+fn restart_policy_on_failure_is_skipped_or_converted() {
+    let input = gpu_job(json!({"restartPolicy": "OnFailure"}), json!({}));
+    let skipped = mutate_job(&input, &Policy::default());
+    assert!(rules(&skipped).is_empty());
+    assert_eq!(pod(&skipped).restart_policy.as_deref(), Some("OnFailure"));
+    assert!(skipped.warnings.iter().any(|w| w.contains("OnFailure")));
+    assert!(api_rules::check_job(&skipped.job).is_empty());
+
+    let mut policy = Policy::default();
+    policy.mutation.pod_failure_policy.on_failure_restart_policy =
+        OnFailureRestartPolicy::ConvertToNever;
+    let converted = mutate_job(&input, &policy);
+    assert_eq!(pod(&converted).restart_policy.as_deref(), Some("Never"));
+    assert_eq!(rules(&converted), default_rules_for(&["main"]));
+    assert!(
+        converted
+            .warnings
+            .iter()
+            .any(|w| w.contains("changed from OnFailure"))
+    );
+}
+
+#[test]
+fn fail_job_codes_become_fail_index_only_on_per_index_jobs() {
+    let mut policy = Policy::default();
+    policy
+        .mutation
+        .pod_failure_policy
+        .exit_code_rules
+        .push(ExitCodeRule {
+            action: RuleAction::FailJob,
+            codes: vec![127, 126],
+        });
+    let plain = mutate_job(&gpu_job(json!({}), json!({})), &policy);
+    assert_eq!(rules(&plain)[3], exit_rule("main", "FailJob", &[126, 127]));
+
+    let indexed = gpu_job(
+        json!({}),
+        json!({"completionMode": "Indexed", "completions": 4, "backoffLimitPerIndex": 1}),
+    );
+    let per_index = mutate_job(&indexed, &policy);
+    assert_eq!(
+        rules(&per_index)[3],
+        exit_rule("main", "FailIndex", &[126, 127])
+    );
+    assert!(api_rules::check_job(&per_index.job).is_empty());
+
+    policy
+        .mutation
+        .pod_failure_policy
+        .fail_index_for_per_index_jobs = false;
+    let opted_out = mutate_job(&indexed, &policy);
+    assert_eq!(
+        rules(&opted_out)[3],
+        exit_rule("main", "FailJob", &[126, 127])
+    );
+}
+
+fn many_gpu_containers(count: usize) -> Value {
+    let containers: Vec<Value> = (0..count)
+        .map(|i| json!({"name": format!("c{i}"), "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
+        .collect();
+    json!({"containers": containers})
+}
+
+fn own_rules(count: i32) -> Value {
+    let rules: Vec<Value> = (1..=count)
+        .map(|code| json!({"action": "Count", "onExitCodes": {"operator": "In", "values": [code]}}))
+        .collect();
+    json!({"podFailurePolicy": {"rules": rules}})
+}
+
+#[test]
+fn too_many_rules_fall_back_to_shared_rules_then_to_nothing() {
+    // 16 own rules + 2 condition rules + 3 per-container rules = 21: fall back to one rule.
+    let crowded = gpu_job(many_gpu_containers(3), own_rules(16));
+    let outcome = mutate_job(&crowded, &Policy::default());
+    let all = rules(&outcome);
+    assert_eq!(all.len(), 19);
+    assert_eq!(
+        all[2],
+        json!({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}})
+    );
+    assert!(
+        outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("match every container"))
+    );
+
+    // 19 own rules: even the shared rules do not fit.
+    let full = gpu_job(json!({}), own_rules(19));
+    let outcome = mutate_job(&full, &Policy::default());
+    assert_eq!(rules(&outcome).len(), 19);
+    assert!(
+        outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("exceed the limit"))
+    );
+    assert!(api_rules::check_job(&outcome.job).is_empty());
+
+    // 18 per-container rules alone are fine.
+    let wide = mutate_job(
+        &gpu_job(many_gpu_containers(18), json!({})),
+        &Policy::default(),
+    );
+    assert_eq!(rules(&wide).len(), 20);
+}
+
+#[test]
+fn grace_period_is_kept_in_the_window() {
+    let cases = [
+        (None, Some(60), true),
+        (Some(10), Some(60), true),
+        (Some(5000), Some(900), true),
+        (Some(120), Some(120), false),
+    ];
+    for (input, expected, warned) in cases {
+        let outcome = mutate_job(
+            &gpu_job(json!({"terminationGracePeriodSeconds": input}), json!({})),
+            &Policy::default(),
+        );
+        let result = pod(&outcome).termination_grace_period_seconds;
+        assert_eq!(result.or(input), expected, "input {input:?}");
+        let warning = outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("terminationGracePeriodSeconds"));
+        assert_eq!(warning, warned, "input {input:?}");
+    }
+}
+
+#[test]
+fn readiness_tolerations_are_raised_never_lowered_and_never_limited() {
+    let not_ready = |seconds: Option<i64>| json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds});
+    let cases: [(&str, Value, Value); 4] = [
+        (
+            "300 raised to 900, unreachable added",
+            json!([not_ready(Some(300))]),
+            json!([not_ready(Some(900)), {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900}]),
+        ),
+        (
+            "1200 not lowered",
+            json!([not_ready(Some(1200)), {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900}]),
+            json!([not_ready(Some(1200)), {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900}]),
+        ),
+        (
+            "a toleration without seconds is never touched",
+            json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}, {"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]),
+            json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}, {"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]),
+        ),
+        (
+            "a wildcard toleration covers both",
+            json!([{"operator": "Exists"}]),
+            json!([{"operator": "Exists"}]),
+        ),
+    ];
+    for (name, input, expected) in cases {
+        let outcome = mutate_job(
+            &gpu_job(json!({"tolerations": input}), json!({})),
+            &Policy::default(),
+        );
+        let tolerations = serde_json::to_value(&pod(&outcome).tolerations).unwrap();
+        // `tolerationSeconds: null` in the input is the same as absent.
+        let expected: Value =
+            serde_json::from_value::<Vec<k8s_openapi::api::core::v1::Toleration>>(expected)
+                .map(|t| serde_json::to_value(t).unwrap())
+                .unwrap();
+        assert_eq!(tolerations, expected, "{name}");
+    }
+}
+
+#[test]
+fn pod_replacement_policy() {
+    let mut policy = Policy::default();
+    policy.mutation.pod_failure_policy.pod_replacement_policy =
+        crate::policy::PodReplacementPolicy::Unchanged;
+    // Required by the injected podFailurePolicy: the API server's default was TerminatingOrFailed.
+    let defaulted = gpu_job(
+        json!({}),
+        json!({"podReplacementPolicy": "TerminatingOrFailed"}),
+    );
+    let outcome = mutate_job(&defaulted, &policy);
+    assert_eq!(
+        outcome
+            .job
+            .spec
+            .as_ref()
+            .unwrap()
+            .pod_replacement_policy
+            .as_deref(),
+        Some("Failed")
+    );
+    // Not set: the API server defaults it to Failed when a podFailurePolicy is present.
+    let unset = mutate_job(&gpu_job(json!({}), json!({})), &policy);
+    assert_eq!(
+        unset.job.spec.as_ref().unwrap().pod_replacement_policy,
+        None
+    );
+    assert!(api_rules::check_job(&unset.job).is_empty());
+}
+
+#[test]
+fn a_result_the_api_server_would_reject_is_never_returned() {
+    // The Job's own rule is broken (values not ordered): merging would still be rejected.
+    let broken = gpu_job(
+        json!({}),
+        json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[42, 2])]}}),
+    );
+    let outcome = mutate_job(&broken, &Policy::default());
+    assert!(!outcome.is_changed());
+    assert_eq!(outcome.job, broken);
+    let last = outcome.warnings.last().unwrap();
+    assert!(
+        last.contains("left this Job unchanged") && last.contains("must be ordered"),
+        "{last}"
+    );
+}
+
+#[test]
+fn active_deadline_is_set_only_when_asked_and_absent() {
+    let mut policy = Policy::default();
+    assert_eq!(
+        mutate_job(&gpu_job(json!({}), json!({})), &policy)
+            .job
+            .spec
+            .unwrap()
+            .active_deadline_seconds,
+        None
+    );
+    policy.mutation.active_deadline_seconds = Some(86_400);
+    assert_eq!(
+        mutate_job(&gpu_job(json!({}), json!({})), &policy)
+            .job
+            .spec
+            .unwrap()
+            .active_deadline_seconds,
+        Some(86_400)
+    );
+    let own = gpu_job(json!({}), json!({"activeDeadlineSeconds": 60}));
+    assert_eq!(
+        mutate_job(&own, &policy)
+            .job
+            .spec
+            .unwrap()
+            .active_deadline_seconds,
+        Some(60)
+    );
+}
+
+#[test]
+fn mutating_twice_changes_nothing_the_second_time() {
+    let inputs = [
+        gpu_job(json!({}), json!({})),
+        gpu_job(many_gpu_containers(3), own_rules(16)),
+        gpu_job(
+            json!({}),
+            json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[74])]}}),
+        ),
+    ];
+    for input in inputs {
+        let once = mutate_job(&input, &Policy::default());
+        let twice = mutate_job(&once.job, &Policy::default());
+        assert!(once.is_changed());
+        assert_eq!(
+            twice.changes,
+            vec![],
+            "second pass on {:?}",
+            input.metadata.name
+        );
+        assert_eq!(twice.job, once.job);
+    }
+}
+
+#[test]
+fn disabled_sections_change_nothing() {
+    let mut policy = Policy::default();
+    policy.mutation.pod_failure_policy.enabled = false;
+    policy.mutation.termination_grace_period.enabled = false;
+    policy.mutation.node_readiness_tolerations.enabled = false;
+    let outcome = mutate_job(&gpu_job(json!({}), json!({})), &policy);
+    assert_eq!(outcome.changes, vec![]);
+    assert_eq!(outcome.skipped, None);
+}

@@ -214,10 +214,13 @@ impl SourceTree {
     }
 }
 
+/// A collection being read: its marker, the node being filled and, for a mapping, the key
+/// waiting for its value.
+type OpenCollection = (Marker, Node, Option<(String, Marker)>);
+
 #[derive(Default)]
 struct TreeBuilder {
-    /// Open collections: their marker, the node being filled and, for mappings, a pending key.
-    stack: Vec<(Marker, Node, Option<(String, Marker)>)>,
+    stack: Vec<OpenCollection>,
     root: Option<(Marker, Node)>,
 }
 

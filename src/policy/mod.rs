@@ -322,3 +322,27 @@ impl Default for ReadinessTolerations {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_published_schema_is_up_to_date() {
+        let published = include_str!("../../policies/schema.json");
+        assert!(
+            published == Policy::json_schema(),
+            "policies/schema.json is stale: run `cargo run -- policy schema > policies/schema.json`"
+        );
+    }
+
+    #[test]
+    fn every_shipped_profile_is_valid() {
+        for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/policies")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                load(&path).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! AdmissionReview in, AdmissionReview out: the wire contract of the webhooks, with no
+//! transport in it (the server hands it bytes and sends back what it returns).
+//!
+//! - `/mutate`: a Job or CronJob CREATE goes through the engine ([`crate::object`]); the JSON
+//!   Patch is derived from the engine's changes and proven to apply to the raw request object
+//!   before it is sent. No change: no patch and no patchType. UPDATE, DELETE, CONNECT and every
+//!   other kind: allowed, no patch (a Job's pod template and podFailurePolicy are immutable).
+//! - `/validate`: allowed (the GPU-node priority guard will decide here).
+//! - Malformed input is a [`ReviewError`] (HTTP 400) with a message saying what is wrong; an
+//!   object that does not decode as a Job is allowed unchanged with a warning, so a bad object
+//!   never turns into a 500 loop. `admission.k8s.io/v1beta1` is answered in v1beta1 (same shape).
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::object::mutate_object;
+use crate::policy::Policy;
+
+/// The two webhooks the server exposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Webhook {
+    Mutate,
+    Validate,
+}
+
+impl Webhook {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mutate => "mutate",
+            Self::Validate => "validate",
+        }
+    }
+}
+
+/// At most this many characters in one admission warning (the API server's limit is 120).
+pub const MAX_WARNING_CHARS: usize = 120;
+
+const SUPPORTED_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
+
+/// Why a request body is not a usable AdmissionReview (HTTP 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("the body is not a JSON AdmissionReview: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error(
+        "unsupported apiVersion {0:?}: send admission.k8s.io/v1 (admissionReviewVersions: [v1])"
+    )]
+    UnsupportedVersion(String),
+    #[error("kind must be \"AdmissionReview\", found {0:?}")]
+    WrongKind(String),
+    #[error("the AdmissionReview has no request")]
+    MissingRequest,
+    #[error("request.uid is empty")]
+    MissingUid,
+    #[error("request.object is missing on a {0} of a Job or CronJob")]
+    MissingObject(String),
+}
+
+#[derive(Deserialize)]
+struct IncomingReview {
+    #[serde(rename = "apiVersion", default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    request: Option<IncomingRequest>,
+}
+
+#[derive(Deserialize)]
+struct IncomingRequest {
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    kind: GroupVersionKind,
+    #[serde(default)]
+    operation: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    object: Option<Value>,
+}
+
+/// `request.kind` of an AdmissionReview.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+/// What was decided, for logs and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed,
+    Patched,
+    Denied,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Patched => "patched",
+            Self::Denied => "denied",
+        }
+    }
+}
+
+/// A decided review: the response body and what to log about it.
+#[derive(Debug)]
+pub struct Reviewed {
+    pub body: Vec<u8>,
+    pub outcome: Outcome,
+    pub uid: String,
+    pub kind: String,
+    pub operation: String,
+    pub namespace: String,
+    pub name: String,
+    /// Bytes of the JSON Patch sent (before base64), 0 when none.
+    pub patch_bytes: usize,
+}
+
+#[derive(Serialize)]
+struct OutgoingReview<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'static str,
+    response: Response,
+}
+
+/// `response` of an AdmissionReview.
+#[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Response {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub warnings: Vec<String>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
+    pub audit_annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// `response.status` (a metav1.Status) of a denial.
+#[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Status {
+    pub code: u16,
+    pub message: String,
+}
+
+/// Decides one AdmissionReview body for `webhook`.
+pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed, ReviewError> {
+    let incoming: IncomingReview = serde_json::from_slice(body).map_err(ReviewError::NotJson)?;
+    if !SUPPORTED_VERSIONS.contains(&incoming.api_version.as_str()) {
+        return Err(ReviewError::UnsupportedVersion(incoming.api_version));
+    }
+    if incoming.kind != "AdmissionReview" {
+        return Err(ReviewError::WrongKind(incoming.kind));
+    }
+    let request = incoming.request.ok_or(ReviewError::MissingRequest)?;
+    if request.uid.is_empty() {
+        return Err(ReviewError::MissingUid);
+    }
+    let mut response = Response {
+        uid: request.uid.clone(),
+        allowed: true,
+        ..Response::default()
+    };
+    let mut outcome = Outcome::Allowed;
+    let mut patch_bytes = 0;
+
+    let is_batch = request.kind.group == "batch" && request.kind.version == "v1";
+    let mutable = is_batch && matches!(request.kind.kind.as_str(), "Job" | "CronJob");
+    if webhook == Webhook::Mutate && mutable && request.operation == "CREATE" {
+        let object = request
+            .object
+            .as_ref()
+            .ok_or_else(|| ReviewError::MissingObject(request.operation.clone()))?;
+        match mutate_object(object, policy) {
+            // The object's own apiVersion/kind disagree with request.kind: leave it alone.
+            None => response
+                .warnings
+                .push("gpu-guard: the object is not a batch/v1 Job; left unchanged".to_owned()),
+            Some(Err(error)) => response.warnings.push(format!("gpu-guard: {error}")),
+            Some(Ok(mutation)) => {
+                response.warnings = mutation
+                    .outcome
+                    .warnings
+                    .iter()
+                    .map(|w| format!("gpu-guard: {w}"))
+                    .collect();
+                if !mutation.patch.is_empty() {
+                    let patch =
+                        serde_json::to_vec(&mutation.patch).expect("a JSON Patch serializes");
+                    patch_bytes = patch.len();
+                    response.patch = Some(base64::engine::general_purpose::STANDARD.encode(&patch));
+                    response.patch_type = Some("JSONPatch".to_owned());
+                    response
+                        .audit_annotations
+                        .insert("mutation".to_owned(), mutation.outcome.summary());
+                    outcome = Outcome::Patched;
+                }
+            }
+        }
+    }
+    for warning in &mut response.warnings {
+        truncate_chars(warning, MAX_WARNING_CHARS);
+    }
+
+    let body = serde_json::to_vec(&OutgoingReview {
+        api_version: if incoming.api_version.is_empty() {
+            SUPPORTED_VERSIONS[0]
+        } else {
+            &incoming.api_version
+        },
+        kind: "AdmissionReview",
+        response,
+    })
+    .expect("an AdmissionReview serializes");
+    Ok(Reviewed {
+        body,
+        outcome,
+        uid: request.uid,
+        kind: request.kind.kind,
+        operation: request.operation,
+        namespace: request.namespace.unwrap_or_default(),
+        name: request.name.unwrap_or_default(),
+        patch_bytes,
+    })
+}
+
+fn truncate_chars(text: &mut String, max: usize) {
+    if let Some((cut, _)) = text.char_indices().nth(max) {
+        let keep = text[..cut]
+            .char_indices()
+            .nth(max - 1)
+            .map_or(cut, |(index, _)| index);
+        text.truncate(keep);
+        text.push('…');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_warnings_are_cut_to_the_api_servers_limit() {
+        let mut long = "x".repeat(300);
+        truncate_chars(&mut long, MAX_WARNING_CHARS);
+        assert_eq!(long.chars().count(), MAX_WARNING_CHARS);
+        let mut short = "short".to_owned();
+        truncate_chars(&mut short, MAX_WARNING_CHARS);
+        assert_eq!(short, "short");
+    }
+}

@@ -1,0 +1,342 @@
+//! The webhook server: HTTPS `/mutate` and `/validate` (axum on hyper, rustls), and a plain-HTTP
+//! admin port with `/healthz` and `/readyz`.
+//!
+//! Lifecycle: ready once the certificate is loaded and the listeners are bound. On SIGTERM or
+//! SIGINT readiness turns false at once (the API server's endpoints drop the pod), the server
+//! keeps serving for the drain delay, then stops accepting, lets in-flight requests finish and
+//! returns. A second signal exits at once.
+
+pub mod run;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::admission::{self, Webhook};
+use crate::policy::Policy;
+use tls::{CertificateFiles, CertificateStore};
+
+/// The largest AdmissionReview accepted (the API server's own limit is about 3 MiB per object;
+/// 7 MiB matches controller-runtime).
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+/// A client must finish the TLS handshake within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client must send the request headers within this.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the certificate comes from.
+#[derive(Clone, Debug)]
+pub enum CertificateSource {
+    /// PEM files, polled for changes every `poll`.
+    Files {
+        files: CertificateFiles,
+        poll: Duration,
+    },
+    /// A pair made in memory at start.
+    Generated(tls::GeneratedPair),
+}
+
+/// Everything `serve` needs, resolved from flags and environment.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub certificate: CertificateSource,
+    pub drain_delay: Duration,
+}
+
+/// Shared by every request.
+#[derive(Debug)]
+pub struct AppState {
+    pub policy: Policy,
+    pub ready: AtomicBool,
+    pub draining: AtomicBool,
+    pub panics: AtomicU64,
+    pub requests: AtomicU64,
+    pub certificates: Option<Arc<CertificateStore>>,
+}
+
+impl AppState {
+    pub fn new(policy: Policy) -> Arc<Self> {
+        Arc::new(Self {
+            policy,
+            ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            panics: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            certificates: None,
+        })
+    }
+}
+
+/// The webhook routes (no TLS, no sockets: tests drive it with `tower::ServiceExt::oneshot`).
+pub fn webhook_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate))
+        .route("/validate", post(validate))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// The admin routes.
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+async fn mutate(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(Webhook::Mutate, &state, &headers, &body)
+}
+
+async fn validate(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(Webhook::Validate, &state, &headers, &body)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
+    } else if !state.ready.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
+    }
+}
+
+fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) -> Response {
+    let started = Instant::now();
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    if !content_type.starts_with("application/json") {
+        return plain(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content type must be application/json, found {content_type:?}\n"),
+        );
+    }
+    let result = std::panic::catch_unwind(|| admission::review(webhook, body, &state.policy));
+    match result {
+        Ok(Ok(reviewed)) => {
+            tracing::info!(
+                webhook = webhook.as_str(),
+                uid = %reviewed.uid,
+                kind = %reviewed.kind,
+                namespace = %reviewed.namespace,
+                name = %reviewed.name,
+                operation = %reviewed.operation,
+                outcome = reviewed.outcome.as_str(),
+                patch_bytes = reviewed.patch_bytes,
+                latency_us = started.elapsed().as_micros() as u64,
+                "admission review"
+            );
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(reviewed.body))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(webhook = webhook.as_str(), %error, "bad admission request");
+            plain(StatusCode::BAD_REQUEST, format!("{error}\n"))
+        }
+        Err(_) => {
+            state.panics.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(webhook = webhook.as_str(), "panic while handling a request");
+            plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error; the webhook's failurePolicy applies\n".to_owned(),
+            )
+        }
+    }
+}
+
+fn plain(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message,
+    )
+        .into_response()
+}
+
+/// A running server: its bound addresses and a handle to stop it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub state: Arc<AppState>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts draining (readiness false), waits the drain delay, stops accepting and waits
+    /// for in-flight requests. What a SIGTERM does.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Binds the listeners and starts serving. Returns once both ports accept connections.
+pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, StartError> {
+    let (key, files) = match &config.certificate {
+        CertificateSource::Files { files, poll } => {
+            let (key, bytes) = files.load()?;
+            (key, Some((files.clone(), bytes, *poll)))
+        }
+        CertificateSource::Generated(pair) => (
+            tls::certified_key(
+                pair.cert_pem.as_bytes(),
+                pair.key_pem.as_bytes(),
+                "<generated>",
+                "<generated>",
+            )?,
+            None,
+        ),
+    };
+    let store = CertificateStore::new(key);
+    let mut tls_config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_cert_resolver(store.clone());
+    tls_config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config));
+
+    let state = Arc::new(AppState {
+        policy,
+        ready: AtomicBool::new(false),
+        draining: AtomicBool::new(false),
+        panics: AtomicU64::new(0),
+        requests: AtomicU64::new(0),
+        certificates: Some(store.clone()),
+    });
+    let listener = TcpListener::bind(config.listen).await?;
+    let admin_listener = TcpListener::bind(config.admin_listen).await?;
+    let addr = listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let watcher = files.map(|(files, bytes, poll)| tokio::spawn(files.watch(store, bytes, poll)));
+    let (shutdown, mut shutdown_rx) = tokio::sync::watch::channel(false);
+    let admin = admin_router(state.clone());
+    // The admin port outlives the drain: /readyz must answer 503 while the webhook drains.
+    let (admin_stop, mut admin_shutdown) = tokio::sync::watch::channel(false);
+    let admin_task = tokio::spawn(async move {
+        let _ = axum::serve(admin_listener, admin)
+            .with_graceful_shutdown(async move { stopped(&mut admin_shutdown).await })
+            .await;
+    });
+
+    let router = webhook_router(state.clone());
+    let serving_state = state.clone();
+    let drain_delay = config.drain_delay;
+    let task = tokio::spawn(async move {
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, _peer)) = accepted else { continue };
+                    spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher());
+                }
+                () = stopped(&mut shutdown_rx) => {
+                    serving_state.draining.store(true, Ordering::Relaxed);
+                    tracing::info!(drain_delay_s = drain_delay.as_secs_f64(), "draining");
+                    // Keep accepting while endpoints are updated and the API server stops
+                    // sending new requests here.
+                    let deadline = tokio::time::sleep(drain_delay);
+                    tokio::pin!(deadline);
+                    loop {
+                        tokio::select! {
+                            _ = &mut deadline => break,
+                            accepted = listener.accept() => {
+                                let Ok((stream, _peer)) = accepted else { continue };
+                                spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher());
+                            }
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        drop(listener);
+        graceful.shutdown().await;
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
+        let _ = admin_stop.send(true);
+        let _ = admin_task.await;
+        tracing::info!("stopped");
+    });
+    state.ready.store(true, Ordering::Relaxed);
+    Ok(Running {
+        addr,
+        admin_addr,
+        state,
+        shutdown,
+        task,
+    })
+}
+
+async fn stopped(receiver: &mut tokio::sync::watch::Receiver<bool>) {
+    // An error means the sender is gone: nobody can ask for a stop any more, so stop.
+    let _ = receiver.wait_for(|stop| *stop).await;
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("cannot bind: {0}")]
+    Bind(#[from] std::io::Error),
+}
+
+/// One TLS connection: handshake within [`HANDSHAKE_TIMEOUT`], then HTTP/1.1 or HTTP/2 until
+/// the client closes it or the server shuts down gracefully.
+fn spawn_connection(
+    stream: tokio::net::TcpStream,
+    acceptor: &TlsAcceptor,
+    router: &Router,
+    builder: &auto::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+) {
+    let acceptor = acceptor.clone();
+    let service = TowerToHyperService::new(router.clone());
+    let builder = builder.clone();
+    tokio::spawn(async move {
+        let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+        else {
+            return;
+        };
+        let connection = builder
+            .serve_connection(TokioIo::new(tls), service)
+            .into_owned();
+        let _ = watcher.watch(connection).await;
+    });
+}
+
+/// Where `serve` writes the CA bundle of a generated certificate by default.
+pub fn default_ca_bundle_path() -> PathBuf {
+    std::env::temp_dir().join("gpu-guard-ca.pem")
+}

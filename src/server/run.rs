@@ -1,0 +1,116 @@
+//! `gpu-guard serve`: logging, the certificate source, the runtime, signals.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use tracing_subscriber::EnvFilter;
+
+use super::{CertificateSource, ServerConfig, start, tls};
+use crate::cli::{LogFormat, Report, ServeArgs};
+use crate::policy::Policy;
+
+/// Runs the server until a signal stops it.
+pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
+    init_logging(args);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return failed(format!("cannot start the async runtime: {error}")),
+    };
+    let certificate = match certificate_source(args) {
+        Ok(source) => source,
+        Err(message) => return failed(message),
+    };
+    let config = ServerConfig {
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        certificate,
+        drain_delay: Duration::from_secs(args.drain_delay_seconds),
+    };
+    runtime.block_on(async move {
+        let running = match start(config, policy).await {
+            Ok(running) => running,
+            Err(error) => return failed(format!("cannot start: {error}")),
+        };
+        tracing::info!(webhook = %running.addr, admin = %running.admin_addr, "serving");
+        wait_for_signal().await;
+        tracing::info!("signal received: draining (a second signal exits at once)");
+        tokio::select! {
+            () = running.shutdown() => Report::default(),
+            () = wait_for_signal() => {
+                tracing::warn!("second signal: exiting without draining");
+                Report { exit_code: 130, ..Report::default() }
+            }
+        }
+    })
+}
+
+fn failed(message: String) -> Report {
+    tracing::error!("{message}");
+    Report {
+        stderr: format!("error: {message}\n"),
+        exit_code: 1,
+        ..Report::default()
+    }
+}
+
+fn certificate_source(args: &ServeArgs) -> Result<CertificateSource, String> {
+    if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) {
+        return Ok(CertificateSource::Files {
+            files: tls::CertificateFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            poll: Duration::from_secs(args.cert_poll_seconds.max(1)),
+        });
+    }
+    let pair = tls::generate_self_signed(&args.dns_names).map_err(|e| e.to_string())?;
+    let path = args
+        .ca_bundle_file
+        .clone()
+        .unwrap_or_else(super::default_ca_bundle_path);
+    std::fs::write(&path, &pair.ca_pem)
+        .map_err(|e| format!("cannot write the CA bundle to {}: {e}", path.display()))?;
+    tracing::info!(
+        ca_bundle_file = %path.display(),
+        ca_bundle = %base64::engine::general_purpose::STANDARD.encode(&pair.ca_pem),
+        "no certificate given: serving a self-signed one; trust the CA bundle (caBundle) above"
+    );
+    Ok(CertificateSource::Generated(pair))
+}
+
+fn init_logging(args: &ServeArgs) {
+    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // Ignore the error of a second initialisation (tests run several servers in one process).
+    let _ = match args.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,226 @@
+//! Serving certificates: PEM files re-read when they change, or a self-signed pair made in
+//! memory.
+//!
+//! Files are polled (read and compared byte for byte every few seconds) rather than watched with
+//! inotify: a Kubernetes Secret volume replaces them by swapping a `..data` symlink, which a
+//! watch on the files misses, and cert-manager renews them in place. A new pair is used for new
+//! connections only; open connections keep theirs. A pair that does not load (half written, key
+//! and certificate that do not match) is refused, counted, and the last good pair stays.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+/// Why a certificate pair could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: no PEM certificate found")]
+    NoCertificate { path: String },
+    #[error("{path}: cannot parse the PEM private key: {message}")]
+    Key { path: String, message: String },
+    #[error("the private key does not belong to the certificate (or is unsupported): {0}")]
+    Mismatch(rustls::Error),
+    #[error("cannot generate a self-signed certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+}
+
+/// Builds a rustls key from PEM bytes: a full chain (leaf first) and its private key.
+pub fn certified_key(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    cert_path: &str,
+    key_path: &str,
+) -> Result<CertifiedKey, TlsError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .filter_map(Result::ok)
+        .collect();
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: cert_path.to_owned(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|error| TlsError::Key {
+        path: key_path.to_owned(),
+        message: error.to_string(),
+    })?;
+    let provider = CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    CertifiedKey::from_der(chain, key, &provider).map_err(TlsError::Mismatch)
+}
+
+/// The certificate the server presents, swappable while it runs.
+#[derive(Debug)]
+pub struct CertificateStore {
+    current: RwLock<Arc<CertifiedKey>>,
+    reload_errors: AtomicU64,
+    reloads: AtomicU64,
+}
+
+impl CertificateStore {
+    pub fn new(key: CertifiedKey) -> Arc<Self> {
+        Arc::new(Self {
+            current: RwLock::new(Arc::new(key)),
+            reload_errors: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+        })
+    }
+
+    fn replace(&self, key: CertifiedKey) {
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        *current = Arc::new(key);
+        self.reloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many times a changed pair was refused (the last good pair stayed).
+    pub fn reload_errors(&self) -> u64 {
+        self.reload_errors.load(Ordering::Relaxed)
+    }
+
+    /// How many times a new pair was taken into use.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+}
+
+impl ResolvesServerCert for CertificateStore {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+}
+
+/// Certificate and key files, polled for changes.
+#[derive(Clone, Debug)]
+pub struct CertificateFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The bytes of a certificate file and a key file.
+pub type PairBytes = (Vec<u8>, Vec<u8>);
+
+impl CertificateFiles {
+    fn read(&self) -> Result<PairBytes, TlsError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| TlsError::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        Ok((read(&self.cert)?, read(&self.key)?))
+    }
+
+    /// Loads the pair once (at start: an error here stops the server).
+    pub fn load(&self) -> Result<(CertifiedKey, PairBytes), TlsError> {
+        let (cert, key) = self.read()?;
+        let loaded = certified_key(
+            &cert,
+            &key,
+            &self.cert.display().to_string(),
+            &self.key.display().to_string(),
+        )?;
+        Ok((loaded, (cert, key)))
+    }
+
+    /// Polls the files every `interval` and swaps a changed, valid pair into `store`.
+    pub async fn watch(
+        self,
+        store: Arc<CertificateStore>,
+        mut last: PairBytes,
+        interval: Duration,
+    ) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let files = self.clone();
+            let Ok(read) = tokio::task::spawn_blocking(move || files.read()).await else {
+                continue;
+            };
+            let current = match read {
+                Ok(current) => current,
+                Err(error) => {
+                    store.reload_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%error, "certificate reload failed; keeping the last good pair");
+                    continue;
+                }
+            };
+            if current == last {
+                continue;
+            }
+            match certified_key(
+                &current.0,
+                &current.1,
+                &self.cert.display().to_string(),
+                &self.key.display().to_string(),
+            ) {
+                Ok(key) => {
+                    store.replace(key);
+                    tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
+                    last = current;
+                }
+                Err(error) => {
+                    store.reload_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%error, "certificate reload failed; keeping the last good pair");
+                    // Try again at the next tick: a half-written pair becomes whole.
+                }
+            }
+        }
+    }
+}
+
+/// A CA and a serving certificate signed by it, as PEM.
+#[derive(Clone, Debug)]
+pub struct GeneratedPair {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// Makes a throw-away CA and a serving certificate for `localhost`, `127.0.0.1` and
+/// `dns_names`, valid for one year. For development and tests only.
+pub fn generate_self_signed(dns_names: &[String]) -> Result<GeneratedPair, TlsError> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "gpu-guard self-signed CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+
+    let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    names.extend(dns_names.iter().cloned());
+    let mut params = CertificateParams::new(names)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "gpu-guard");
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &ca)?;
+    Ok(GeneratedPair {
+        ca_pem: ca.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}

@@ -1,0 +1,398 @@
+//! The webhook server over real sockets: TLS on 127.0.0.1:0 with certificates made in a temp
+//! dir, a reqwest client that trusts only the test CA, every AdmissionReview fixture, the bad
+//! inputs, certificate rotation and draining.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine as _;
+use gpu_guard::object::mutate_object;
+use gpu_guard::patch;
+use gpu_guard::policy::Policy;
+use gpu_guard::server::tls::{CertificateFiles, GeneratedPair, generate_self_signed};
+use gpu_guard::server::{CertificateSource, Running, ServerConfig, start};
+use json_patch::Patch;
+use serde_json::{Value, json};
+
+fn client(ca_pem: &str) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile_certs(ca_pem) {
+        roots.add(cert).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
+}
+
+fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn write_pair(dir: &Path, pair: &GeneratedPair) {
+    std::fs::write(dir.join("tls.crt"), &pair.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), &pair.key_pem).unwrap();
+}
+
+async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    write_pair(dir, pair);
+    let localhost: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    start(
+        ServerConfig {
+            listen: localhost,
+            admin_listen: localhost,
+            certificate: CertificateSource::Files {
+                files: CertificateFiles {
+                    cert: dir.join("tls.crt"),
+                    key: dir.join("tls.key"),
+                },
+                poll: Duration::from_millis(100),
+            },
+            drain_delay: drain,
+        },
+        Policy::embedded(),
+    )
+    .await
+    .unwrap()
+}
+
+fn url(running: &Running, path: &str) -> String {
+    format!("https://localhost:{}{path}", running.addr.port())
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, String) {
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// The API server's rules for a webhook response.
+fn check_response(webhook: &str, request: &Value, response: &Value) {
+    assert_eq!(response["kind"], "AdmissionReview");
+    assert_eq!(response["apiVersion"], request["apiVersion"]);
+    let answer = &response["response"];
+    assert_eq!(answer["uid"], request["request"]["uid"], "uid is echoed");
+    assert!(answer["allowed"].is_boolean());
+    assert_eq!(
+        answer.get("patch").is_some(),
+        answer.get("patchType").is_some(),
+        "patch and patchType go together"
+    );
+    if webhook == "validate" {
+        assert!(
+            answer.get("patch").is_none(),
+            "validating webhooks send no patch"
+        );
+    }
+    for warning in answer["warnings"].as_array().into_iter().flatten() {
+        assert!(warning.as_str().unwrap().chars().count() <= 120);
+    }
+}
+
+#[tokio::test]
+async fn every_fixture_gets_the_engines_answer_over_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server(dir.path(), &pair, Duration::ZERO).await;
+    let client = client(&pair.ca_pem);
+    let mut paths: Vec<_> = std::fs::read_dir("tests/fixtures/admission")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    let mut patched = 0;
+    for path in paths {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        let review: Value = serde_json::from_slice(&bytes).unwrap();
+        // The fixtures were sent to /mutate or /validate: post each where it was sent.
+        let webhook = if name.contains("-mutate") {
+            "mutate"
+        } else {
+            "validate"
+        };
+        let (status, body) = post(&client, &url(&running, &format!("/{webhook}")), bytes).await;
+        assert_eq!(status, 200, "{name}: {body}");
+        let response: Value = serde_json::from_str(&body).unwrap();
+        check_response(webhook, &review, &response);
+        let answer = &response["response"];
+        assert_eq!(answer["allowed"], true, "{name}");
+        let object = &review["request"]["object"];
+        let expected = (webhook == "mutate" && review["request"]["operation"] == "CREATE")
+            .then(|| mutate_object(object, &Policy::embedded()))
+            .flatten()
+            .map(|m| m.unwrap().patch)
+            .filter(|p| !p.is_empty());
+        match (answer.get("patch"), expected) {
+            (None, None) => {}
+            (Some(sent), Some(expected)) => {
+                let sent = base64::engine::general_purpose::STANDARD
+                    .decode(sent.as_str().unwrap())
+                    .unwrap();
+                let sent: Patch = serde_json::from_slice(&sent).unwrap();
+                assert_eq!(answer["patchType"], "JSONPatch");
+                assert_eq!(
+                    patch::apply(object, &sent).unwrap(),
+                    patch::apply(object, &expected).unwrap(),
+                    "{name}"
+                );
+                patched += 1;
+            }
+            (sent, expected) => panic!("{name}: sent {sent:?}, expected {expected:?}"),
+        }
+    }
+    assert_eq!(
+        patched, 7,
+        "six Job CREATEs (one a dry run) and a CronJob are patched"
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_answer_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server(dir.path(), &pair, Duration::ZERO).await;
+    let client = client(&pair.ca_pem);
+    let mutate = url(&running, "/mutate");
+    let job = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
+    let job_review: Value = serde_json::from_slice(&job).unwrap();
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut review = job_review.clone();
+        edit(&mut review);
+        serde_json::to_vec(&review).unwrap()
+    };
+    let deep = format!(
+        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","object":{}{}}}}}"#,
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    )
+    .into_bytes();
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        (
+            "not JSON",
+            b"{not json".to_vec(),
+            400,
+            "not a JSON AdmissionReview",
+        ),
+        (
+            "wrong shape",
+            b"[1, 2]".to_vec(),
+            400,
+            "not a JSON AdmissionReview",
+        ),
+        (
+            "no request",
+            with(&|r| {
+                r.as_object_mut().unwrap().remove("request");
+            }),
+            400,
+            "no request",
+        ),
+        (
+            "no object on CREATE",
+            with(&|r| {
+                r["request"].as_object_mut().unwrap().remove("object");
+            }),
+            400,
+            "object is missing",
+        ),
+        (
+            "unknown version",
+            with(&|r| r["apiVersion"] = json!("admission.k8s.io/v2")),
+            400,
+            "unsupported apiVersion",
+        ),
+        ("deep nesting", deep, 400, "recursion limit"),
+        ("too large", vec![b' '; 8 * 1024 * 1024], 413, ""),
+    ];
+    for (name, body, status, message) in cases {
+        let (got, text) = post(&client, &mutate, body).await;
+        assert_eq!(got, status, "{name}: {text}");
+        assert!(text.contains(message), "{name}: {text}");
+    }
+
+    // v1beta1 is answered in v1beta1.
+    let beta = with(&|r| r["apiVersion"] = json!("admission.k8s.io/v1beta1"));
+    let (status, text) = post(&client, &mutate, beta).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["apiVersion"],
+        "admission.k8s.io/v1beta1"
+    );
+
+    // An object that does not decode as a Job: allowed, unchanged, with a warning.
+    let broken =
+        with(&|r| r["request"]["object"]["spec"]["template"]["spec"]["containers"] = json!("x"));
+    let (status, text) = post(&client, &mutate, broken).await;
+    assert_eq!(status, 200);
+    let answer = &serde_json::from_str::<Value>(&text).unwrap()["response"];
+    assert_eq!(answer["allowed"], true);
+    assert!(answer.get("patch").is_none());
+    assert!(
+        answer["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("does not decode"),
+        "{answer}"
+    );
+
+    // Wrong method and content type.
+    let get = client.get(&mutate).send().await.unwrap();
+    assert_eq!(get.status().as_u16(), 405);
+    let form = client
+        .post(&mutate)
+        .header("content-type", "text/plain")
+        .body(job.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status().as_u16(), 415);
+
+    // And the server still answers a good request.
+    let (status, _) = post(&client, &mutate, job).await;
+    assert_eq!(status, 200);
+    running.shutdown().await;
+}
+
+async fn served_certificate_ca(running: &Running, candidates: &[&GeneratedPair]) -> Option<usize> {
+    for (index, pair) in candidates.iter().enumerate() {
+        // A new client is a new connection: it sees the certificate served now.
+        let client = client(&pair.ca_pem);
+        if client.get(url(running, "/mutate")).send().await.is_ok() {
+            return Some(index);
+        }
+    }
+    None
+}
+
+async fn wait_for_ca(running: &Running, candidates: &[&GeneratedPair], want: usize) {
+    for _ in 0..50 {
+        if served_certificate_ca(running, candidates).await == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the server never served the certificate of CA {want}");
+}
+
+#[tokio::test]
+async fn certificates_rotate_in_place_and_by_symlink_swap_and_a_broken_pair_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = generate_self_signed(&[]).unwrap();
+    let second = generate_self_signed(&[]).unwrap();
+    let third = generate_self_signed(&[]).unwrap();
+
+    // Kubernetes Secret volume layout: tls.crt -> ..data/tls.crt, ..data -> ..2026_a.
+    let volume = dir.path();
+    let version_a = volume.join("..2026_a");
+    std::fs::create_dir(&version_a).unwrap();
+    write_pair(&version_a, &first);
+    std::os::unix::fs::symlink("..2026_a", volume.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/tls.crt", volume.join("tls.crt")).unwrap();
+    std::os::unix::fs::symlink("..data/tls.key", volume.join("tls.key")).unwrap();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let localhost: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let running = start(
+        ServerConfig {
+            listen: localhost,
+            admin_listen: localhost,
+            certificate: CertificateSource::Files {
+                files: CertificateFiles {
+                    cert: volume.join("tls.crt"),
+                    key: volume.join("tls.key"),
+                },
+                poll: Duration::from_millis(100),
+            },
+            drain_delay: Duration::ZERO,
+        },
+        Policy::embedded(),
+    )
+    .await
+    .unwrap();
+    let all = [&first, &second, &third];
+    assert_eq!(served_certificate_ca(&running, &all).await, Some(0));
+
+    // Symlink swap, as the kubelet does it.
+    let version_b = volume.join("..2026_b");
+    std::fs::create_dir(&version_b).unwrap();
+    write_pair(&version_b, &second);
+    std::os::unix::fs::symlink("..2026_b", volume.join("..data_tmp")).unwrap();
+    std::fs::rename(volume.join("..data_tmp"), volume.join("..data")).unwrap();
+    wait_for_ca(&running, &all, 1).await;
+
+    // A half-written pair (certificate of one, key of another) keeps the last good one.
+    std::fs::write(version_b.join("tls.crt"), &third.cert_pem).unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(served_certificate_ca(&running, &all).await, Some(1));
+    let store = running.state.certificates.as_ref().unwrap();
+    assert!(store.reload_errors() >= 1);
+
+    // Rewritten in place: the key arrives, the pair is whole again.
+    std::fs::write(version_b.join("tls.key"), &third.key_pem).unwrap();
+    wait_for_ca(&running, &all, 2).await;
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn draining_turns_readiness_false_and_lets_requests_through_until_the_delay_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server(dir.path(), &pair, Duration::from_millis(600)).await;
+    let admin = format!("http://{}", running.admin_addr);
+    let plain = reqwest::Client::new();
+    assert_eq!(
+        plain
+            .get(format!("{admin}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        plain
+            .get(format!("{admin}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+
+    let client = client(&pair.ca_pem);
+    let job = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
+    let mutate = url(&running, "/mutate");
+    let state = running.state.clone();
+    let admin_addr = running.admin_addr;
+    let stopping = tokio::spawn(running.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(state.draining.load(std::sync::atomic::Ordering::Relaxed));
+    let readyz = plain
+        .get(format!("http://{admin_addr}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(readyz.status().as_u16(), 503, "not ready while draining");
+    // Still serving during the drain delay.
+    let (status, _) = post(&client, &mutate, job).await;
+    assert_eq!(status, 200);
+    stopping.await.unwrap();
+}

@@ -23,7 +23,8 @@ use k8s_openapi::api::batch::v1::{
 use super::api_rules::MAX_RULES;
 use super::{Change, Draft, workload::DeviceContainers};
 use crate::policy::{
-    ExistingPolicy, FailurePolicySettings, OnFailureRestartPolicy, PodReplacementPolicy, RuleAction,
+    ExistingPolicy, ExitCodeRule, FailurePolicySettings, OnFailureRestartPolicy,
+    PodReplacementPolicy, RuleAction,
 };
 
 /// Adds the podFailurePolicy (and the restart and replacement policies it needs) to a draft.
@@ -105,34 +106,8 @@ fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &Failur
         _ => &[],
     };
 
-    let mut notes = Vec::new();
-    let per_container = build_rules(
-        settings,
-        Some(&devices.targets),
-        per_index,
-        kept,
-        &mut notes,
-    );
-    let rules = if kept.len() + per_container.len() <= MAX_RULES {
-        per_container
-    } else {
-        let mut fallback_notes = Vec::new();
-        let shared = build_rules(settings, None, per_index, kept, &mut fallback_notes);
-        if kept.len() + shared.len() > MAX_RULES {
-            draft.warn(format!(
-                "no podFailurePolicy added: the Job's {} rules and the {} device rules exceed \
-                 the limit of {MAX_RULES}",
-                kept.len(),
-                shared.len()
-            ));
-            return;
-        }
-        draft.warn(format!(
-            "{} device containers need too many rules; exit-code rules match every container",
-            devices.targets.len()
-        ));
-        notes = fallback_notes;
-        shared
+    let Some((rules, notes)) = choose_rules(draft, devices, settings, per_index, kept) else {
+        return;
     };
     for note in notes {
         draft.warn(note);
@@ -149,12 +124,109 @@ fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &Failur
     }
 }
 
-/// The device rules, leaving out what `kept` (the Job's own rules) already handles.
-/// `targets: None` builds exit-code rules without `containerName`.
-fn build_rules(
+/// The device rules to add, within the rule limit, and the notes for the user; `None` when
+/// even the smallest set does not fit (a warning says so).
+///
+/// First choice: one exit-code rule per device container. When that does not fit, one shared
+/// rule per exit-code setting (no `containerName`) holding the codes no container handles
+/// itself, plus per-container rules for codes some containers handle and others do not (so a
+/// Job's own per-container rule is never overridden by a shared one). When those per-container
+/// rules do not fit, they are dropped with a warning. Every choice is stable: mutating the
+/// result again chooses to add nothing.
+fn choose_rules(
+    draft: &mut Draft,
+    devices: &DeviceContainers,
     settings: &FailurePolicySettings,
-    targets: Option<&[String]>,
     per_index: bool,
+    kept: &[PodFailurePolicyRule],
+) -> Option<(Vec<PodFailurePolicyRule>, Vec<String>)> {
+    let fits = |rules: &[PodFailurePolicyRule]| kept.len() + rules.len() <= MAX_RULES;
+    let mut notes = Vec::new();
+    let mut rules = condition_rules(settings, kept, &mut notes);
+    for setting in &settings.exit_code_rules {
+        for target in &devices.targets {
+            rules.extend(exit_code_rule(
+                setting,
+                Some(target),
+                settings,
+                per_index,
+                kept,
+                &BTreeSet::new(),
+                &mut notes,
+            ));
+        }
+    }
+    if fits(&rules) {
+        return Some((rules, notes));
+    }
+
+    let mut notes = Vec::new();
+    let mut rules = condition_rules(settings, kept, &mut notes);
+    let mut partial = Vec::new();
+    for setting in &settings.exit_code_rules {
+        let shared = exit_code_rule(
+            setting,
+            None,
+            settings,
+            per_index,
+            kept,
+            &BTreeSet::new(),
+            &mut notes,
+        );
+        let covered: BTreeSet<i32> = shared
+            .as_ref()
+            .and_then(|rule| rule.on_exit_codes.as_ref())
+            .map(|codes| codes.values.iter().copied().collect())
+            .unwrap_or_default();
+        rules.extend(shared);
+        for target in &devices.targets {
+            partial.extend(exit_code_rule(
+                setting,
+                Some(target),
+                settings,
+                per_index,
+                kept,
+                &covered,
+                &mut notes,
+            ));
+        }
+    }
+    if !fits(&rules) {
+        draft.warn(format!(
+            "no podFailurePolicy added: the Job's {} rules and the {} device rules exceed the \
+             limit of {MAX_RULES}",
+            kept.len(),
+            rules.len()
+        ));
+        return None;
+    }
+    draft.warn(format!(
+        "{} device containers need too many rules; exit-code rules match every container",
+        devices.targets.len()
+    ));
+    let mut with_partial = rules.clone();
+    with_partial.extend(partial.iter().cloned());
+    if fits(&with_partial) {
+        return Some((with_partial, dedup(notes)));
+    }
+    notes.push(format!(
+        "{} per-container exit-code rules left out for lack of room (limit {MAX_RULES})",
+        partial.len()
+    ));
+    Some((rules, dedup(notes)))
+}
+
+fn dedup(notes: Vec<String>) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    notes
+        .into_iter()
+        .filter(|note| seen.insert(note.clone()))
+        .collect()
+}
+
+/// The pod-condition rules the Job does not already handle.
+fn condition_rules(
+    settings: &FailurePolicySettings,
     kept: &[PodFailurePolicyRule],
     notes: &mut Vec<String>,
 ) -> Vec<PodFailurePolicyRule> {
@@ -188,61 +260,75 @@ fn build_rules(
             }]),
         });
     }
+    rules
+}
 
-    let containers: Vec<Option<&str>> = match targets {
-        Some(names) => names.iter().map(|name| Some(name.as_str())).collect(),
-        None => vec![None],
+/// The exit-code rule of one setting for one container (`None`: every container), without
+/// the codes in `exclude` and those the Job's own rules already handle for that container
+/// (for `None`: for any container). `None` when no code is left.
+fn exit_code_rule(
+    setting: &ExitCodeRule,
+    container: Option<&str>,
+    settings: &FailurePolicySettings,
+    per_index: bool,
+    kept: &[PodFailurePolicyRule],
+    exclude: &BTreeSet<i32>,
+    notes: &mut Vec<String>,
+) -> Option<PodFailurePolicyRule> {
+    let action = match setting.action {
+        RuleAction::FailJob if per_index && settings.fail_index_for_per_index_jobs => {
+            RuleAction::FailIndex
+        }
+        action => action,
     };
-    for setting in &settings.exit_code_rules {
-        let action = match setting.action {
-            RuleAction::FailJob if per_index && settings.fail_index_for_per_index_jobs => {
-                RuleAction::FailIndex
-            }
-            action => action,
+    let mut codes: BTreeSet<i32> = setting
+        .codes
+        .iter()
+        .copied()
+        .filter(|code| !exclude.contains(code))
+        .collect();
+    for rule in kept {
+        let Some(requirement) = &rule.on_exit_codes else {
+            continue;
         };
-        for &container in &containers {
-            let mut codes: BTreeSet<i32> = setting.codes.iter().copied().collect();
-            for rule in kept {
-                let Some(requirement) = &rule.on_exit_codes else {
-                    continue;
-                };
-                let applies = match (container, requirement.container_name.as_deref()) {
-                    (_, None) => true,
-                    (Some(target), Some(named)) => target == named,
-                    // A rule for every container must respect every container's own rules.
-                    (None, Some(_)) => true,
-                };
-                if requirement.operator != "In" || !applies {
-                    continue;
-                }
-                let taken: Vec<i32> = requirement
-                    .values
-                    .iter()
-                    .copied()
-                    .filter(|code| codes.remove(code))
-                    .collect();
-                if !taken.is_empty() && rule.action != action.as_str() {
-                    notes.push(format!(
-                        "the Job's own {} rule handles exit code(s) {taken:?}{}; gpu-guard \
-                         leaves them to it",
-                        rule.action,
-                        container.map(|c| format!(" of {c}")).unwrap_or_default()
-                    ));
-                }
-            }
-            if codes.is_empty() {
-                continue;
-            }
-            rules.push(PodFailurePolicyRule {
-                action: action.as_str().to_owned(),
-                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                    container_name: container.map(str::to_owned),
-                    operator: "In".to_owned(),
-                    values: codes.into_iter().collect(),
-                }),
-                on_pod_conditions: None,
-            });
+        let applies = match (container, requirement.container_name.as_deref()) {
+            (_, None) => true,
+            (Some(target), Some(named)) => target == named,
+            // A rule for every container must respect every container's own rules.
+            (None, Some(_)) => true,
+        };
+        if requirement.operator != "In" || !applies {
+            continue;
+        }
+        let taken: Vec<i32> = requirement
+            .values
+            .iter()
+            .copied()
+            .filter(|code| codes.remove(code))
+            .collect();
+        if !taken.is_empty() && rule.action != action.as_str() {
+            notes.push(format!(
+                "the Job's own {} rule handles exit code(s) {taken:?}{}; gpu-guard leaves them \
+                 to it",
+                rule.action,
+                requirement
+                    .container_name
+                    .as_deref()
+                    .map(|c| format!(" of {c}"))
+                    .unwrap_or_default()
+            ));
         }
     }
-    rules
+    if codes.is_empty() {
+        return None;
+    }
+    Some(PodFailurePolicyRule {
+        action: action.as_str().to_owned(),
+        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+            container_name: container.map(str::to_owned),
+            operator: "In".to_owned(),
+            values: codes.into_iter().collect(),
+        }),
+        on_pod_conditions: None,
+    })
 }

@@ -396,3 +396,139 @@ async fn draining_turns_readiness_false_and_lets_requests_through_until_the_dela
     assert_eq!(status, 200);
     stopping.await.unwrap();
 }
+
+mod in_process {
+    //! The router without sockets, driven with `tower::ServiceExt::oneshot`.
+
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use gpu_guard::admission::{self, Webhook};
+    use gpu_guard::server::metrics::RequestLabels;
+    use gpu_guard::server::{AppState, admin_router, webhook_router};
+    use std::sync::Arc;
+    use tower::ServiceExt;
+
+    fn request(path: &str, body: Vec<u8>) -> Request<Body> {
+        Request::post(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap()
+    }
+
+    fn panics_on_marker(
+        webhook: Webhook,
+        body: &[u8],
+        policy: &Policy,
+    ) -> Result<admission::Reviewed, admission::ReviewError> {
+        assert!(body != b"{\"panic\": true}", "a bug in a handler");
+        admission::review(webhook, body, policy)
+    }
+
+    async fn metrics_text(state: &Arc<AppState>) -> String {
+        let response = admin_router(state.clone())
+            .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_panic_is_a_counted_500_and_the_next_request_is_served() {
+        let state = AppState::with_reviewer(Policy::embedded(), panics_on_marker);
+        let router = webhook_router(state.clone());
+        let response = router
+            .clone()
+            .oneshot(request("/mutate", b"{\"panic\": true}".to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 500);
+        assert_eq!(state.metrics.panics.get(), 1);
+
+        let job = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
+        let response = router.oneshot(request("/mutate", job)).await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert!(
+            metrics_text(&state)
+                .await
+                .contains("gpu_guard_handler_panics_total 1")
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_are_counted_by_webhook_kind_operation_and_outcome() {
+        let state = AppState::new(Policy::embedded());
+        let router = webhook_router(state.clone());
+        for fixture in [
+            "001-Job-CREATE-mutate.json",
+            "003-Job-CREATE-mutate.json",
+            "017-Job-UPDATE-mutate.json",
+        ] {
+            let body = std::fs::read(format!("tests/fixtures/admission/{fixture}")).unwrap();
+            let response = router
+                .clone()
+                .oneshot(request("/mutate", body))
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), 200);
+        }
+        let response = router
+            .oneshot(request("/mutate", b"nope".to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 400);
+
+        let count = |kind, operation, outcome| {
+            state.metrics.requests_for(&RequestLabels {
+                webhook: "mutate",
+                kind,
+                operation,
+                outcome,
+            })
+        };
+        assert_eq!(count("Job", "CREATE", "patched"), 2);
+        assert_eq!(count("Job", "UPDATE", "allowed"), 1);
+        assert_eq!(count("unknown", "unknown", "error"), 1);
+        assert_eq!(state.metrics.patches.get(), 2);
+        assert_eq!(state.metrics.in_flight.get(), 0);
+        let text = metrics_text(&state).await;
+        assert!(text.contains(
+            r#"gpu_guard_admission_requests_total{webhook="mutate",kind="Job",operation="CREATE",outcome="patched"} 2"#
+        ), "{text}");
+        assert!(
+            text.contains(r#"gpu_guard_admission_duration_seconds_count{webhook="mutate"} 4"#),
+            "every request is timed: {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_certificate_expiry_is_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server(dir.path(), &pair, Duration::ZERO).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let not_after = running.state.metrics.certificates.not_after.get();
+    assert!(
+        not_after > now + 300.0 * 86_400.0,
+        "about a year ahead: {not_after}"
+    );
+    let text = reqwest::get(format!("http://{}/metrics", running.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("gpu_guard_certificate_not_after_timestamp_seconds"),
+        "{text}"
+    );
+    running.shutdown().await;
+}

@@ -6,13 +6,14 @@
 //! keeps serving for the drain delay, then stops accepting, lets in-flight requests finish and
 //! returns. A second signal exits at once.
 
+pub mod metrics;
 pub mod run;
 pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -29,6 +30,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admission::{self, Webhook};
 use crate::policy::Policy;
+use metrics::{Metrics, RequestLabels};
 use tls::{CertificateFiles, CertificateStore};
 
 /// The largest AdmissionReview accepted (the API server's own limit is about 3 MiB per object;
@@ -60,25 +62,35 @@ pub struct ServerConfig {
     pub drain_delay: Duration,
 }
 
+/// Decides one request body; [`admission::review`] in production, a stand-in in tests.
+pub type Reviewer =
+    fn(Webhook, &[u8], &Policy) -> Result<admission::Reviewed, admission::ReviewError>;
+
 /// Shared by every request.
 #[derive(Debug)]
 pub struct AppState {
     pub policy: Policy,
+    pub reviewer: Reviewer,
     pub ready: AtomicBool,
     pub draining: AtomicBool,
-    pub panics: AtomicU64,
-    pub requests: AtomicU64,
+    pub metrics: Metrics,
     pub certificates: Option<Arc<CertificateStore>>,
 }
 
 impl AppState {
+    /// State for a router without TLS (tests drive it with `oneshot`): ready at once.
     pub fn new(policy: Policy) -> Arc<Self> {
+        Self::with_reviewer(policy, admission::review)
+    }
+
+    /// [`AppState::new`] with another reviewer (tests use one that panics).
+    pub fn with_reviewer(policy: Policy, reviewer: Reviewer) -> Arc<Self> {
         Arc::new(Self {
             policy,
-            ready: AtomicBool::new(false),
+            reviewer,
+            ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),
-            panics: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
+            metrics: Metrics::default(),
             certificates: None,
         })
     }
@@ -98,6 +110,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
         .with_state(state)
 }
 
@@ -119,22 +132,53 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
 fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) -> Response {
     let started = Instant::now();
-    state.requests.fetch_add(1, Ordering::Relaxed);
+    let in_flight = state.metrics.in_flight();
+    let failed = |in_flight: metrics::InFlight<'_>| {
+        in_flight.finish(RequestLabels {
+            webhook: webhook.as_str(),
+            kind: "unknown",
+            operation: "unknown",
+            outcome: "error",
+        });
+    };
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or("");
     if !content_type.starts_with("application/json") {
+        failed(in_flight);
         return plain(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!("content type must be application/json, found {content_type:?}\n"),
         );
     }
-    let result = std::panic::catch_unwind(|| admission::review(webhook, body, &state.policy));
+    // The closure only reads the policy and the body; a panic leaves nothing half-updated.
+    let (policy, reviewer) = (&state.policy, state.reviewer);
+    let result = std::panic::catch_unwind(|| reviewer(webhook, body, policy));
     match result {
         Ok(Ok(reviewed)) => {
+            if reviewed.patch_bytes > 0 {
+                state.metrics.patches.inc();
+            }
+            in_flight.finish(RequestLabels {
+                webhook: webhook.as_str(),
+                kind: metrics::kind_label(&reviewed.kind),
+                operation: metrics::operation_label(&reviewed.operation),
+                outcome: reviewed.outcome.as_str(),
+            });
             tracing::info!(
                 webhook = webhook.as_str(),
                 uid = %reviewed.uid,
@@ -154,11 +198,13 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
         }
         Ok(Err(error)) => {
+            failed(in_flight);
             tracing::warn!(webhook = webhook.as_str(), %error, "bad admission request");
             plain(StatusCode::BAD_REQUEST, format!("{error}\n"))
         }
         Err(_) => {
-            state.panics.fetch_add(1, Ordering::Relaxed);
+            failed(in_flight);
+            state.metrics.panics.inc();
             tracing::error!(webhook = webhook.as_str(), "panic while handling a request");
             plain(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -212,7 +258,8 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
             None,
         ),
     };
-    let store = CertificateStore::new(key);
+    let metrics = Metrics::default();
+    let store = CertificateStore::new(key, metrics.certificates.clone());
     let mut tls_config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_cert_resolver(store.clone());
@@ -221,10 +268,10 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
 
     let state = Arc::new(AppState {
         policy,
+        reviewer: admission::review,
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
-        panics: AtomicU64::new(0),
-        requests: AtomicU64::new(0),
+        metrics,
         certificates: Some(store.clone()),
     });
     let listener = TcpListener::bind(config.listen).await?;

@@ -8,10 +8,12 @@
 //! and certificate that do not match) is refused, counted, and the last good pair stays.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -62,38 +64,62 @@ pub fn certified_key(
     CertifiedKey::from_der(chain, key, &provider).map_err(TlsError::Mismatch)
 }
 
+/// The metrics a [`CertificateStore`] keeps up to date (registered by the server's metrics).
+#[derive(Clone, Debug, Default)]
+pub struct CertificateMetrics {
+    pub reloads: Counter,
+    pub reload_errors: Counter,
+    /// notAfter of the leaf certificate in use, as Unix seconds.
+    pub not_after: Gauge<f64, AtomicU64>,
+}
+
 /// The certificate the server presents, swappable while it runs.
 #[derive(Debug)]
 pub struct CertificateStore {
     current: RwLock<Arc<CertifiedKey>>,
-    reload_errors: AtomicU64,
-    reloads: AtomicU64,
+    metrics: CertificateMetrics,
 }
 
 impl CertificateStore {
-    pub fn new(key: CertifiedKey) -> Arc<Self> {
+    pub fn new(key: CertifiedKey, metrics: CertificateMetrics) -> Arc<Self> {
+        if let Some(not_after) = not_after(&key) {
+            metrics.not_after.set(not_after);
+        }
         Arc::new(Self {
             current: RwLock::new(Arc::new(key)),
-            reload_errors: AtomicU64::new(0),
-            reloads: AtomicU64::new(0),
+            metrics,
         })
     }
 
     fn replace(&self, key: CertifiedKey) {
+        if let Some(not_after) = not_after(&key) {
+            self.metrics.not_after.set(not_after);
+        }
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         *current = Arc::new(key);
-        self.reloads.fetch_add(1, Ordering::Relaxed);
+        self.metrics.reloads.inc();
+    }
+
+    fn refused(&self) {
+        self.metrics.reload_errors.inc();
     }
 
     /// How many times a changed pair was refused (the last good pair stayed).
     pub fn reload_errors(&self) -> u64 {
-        self.reload_errors.load(Ordering::Relaxed)
+        self.metrics.reload_errors.get()
     }
 
     /// How many times a new pair was taken into use.
     pub fn reloads(&self) -> u64 {
-        self.reloads.load(Ordering::Relaxed)
+        self.metrics.reloads.get()
     }
+}
+
+/// The notAfter of the leaf certificate, as Unix seconds.
+pub fn not_after(key: &CertifiedKey) -> Option<f64> {
+    let leaf = key.cert.first()?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(parsed.validity().not_after.timestamp() as f64)
 }
 
 impl ResolvesServerCert for CertificateStore {
@@ -158,7 +184,7 @@ impl CertificateFiles {
             let current = match read {
                 Ok(current) => current,
                 Err(error) => {
-                    store.reload_errors.fetch_add(1, Ordering::Relaxed);
+                    store.refused();
                     tracing::warn!(%error, "certificate reload failed; keeping the last good pair");
                     continue;
                 }
@@ -178,7 +204,7 @@ impl CertificateFiles {
                     last = current;
                 }
                 Err(error) => {
-                    store.reload_errors.fetch_add(1, Ordering::Relaxed);
+                    store.refused();
                     tracing::warn!(%error, "certificate reload failed; keeping the last good pair");
                     // Try again at the next tick: a half-written pair becomes whole.
                 }

@@ -1,0 +1,189 @@
+//! Prometheus metrics of the webhook server. The registry is owned by the server's state (not a
+//! global), so tests read the same counters `/metrics` exposes.
+
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::tls::CertificateMetrics;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of a reviewed request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub webhook: &'static str,
+    /// The object kind for the kinds gpu-guard knows, `other` for the rest (bounded cardinality).
+    pub kind: &'static str,
+    pub operation: &'static str,
+    /// `allowed`, `patched`, `denied` or `error` (a 4xx or 5xx answer).
+    pub outcome: &'static str,
+}
+
+/// Labels of the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    pub webhook: &'static str,
+}
+
+/// Every metric the server exports.
+#[derive(Debug)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub latency: Family<WebhookLabels, Histogram>,
+    pub in_flight: Gauge,
+    pub patches: Counter,
+    pub panics: Counter,
+    pub certificates: CertificateMetrics,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("gpu_guard");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "admission_requests",
+            "Admission requests by webhook, kind, operation and outcome",
+            requests.clone(),
+        );
+        let latency = Family::<WebhookLabels, Histogram>::new_with_constructor(|| {
+            // 25 µs to about 105 ms: the request path is sub-millisecond.
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.000_025, 2.0, 13,
+            ))
+        });
+        registry.register(
+            "admission_duration_seconds",
+            "Time to decide an admission request, from body received to response built",
+            latency.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "admission_in_flight",
+            "Admission requests being decided",
+            in_flight.clone(),
+        );
+        let patches = Counter::default();
+        registry.register(
+            "patches",
+            "JSON patches sent (objects changed)",
+            patches.clone(),
+        );
+        let panics = Counter::default();
+        registry.register(
+            "handler_panics",
+            "Panics caught in request handlers (answered 500)",
+            panics.clone(),
+        );
+        let certificates = CertificateMetrics::default();
+        registry.register(
+            "certificate_not_after_timestamp_seconds",
+            "Expiry (notAfter, Unix time) of the serving certificate in use",
+            certificates.not_after.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Changed certificate pairs taken into use",
+            certificates.reloads.clone(),
+        );
+        registry.register(
+            "certificate_reload_errors",
+            "Changed certificate pairs refused (the last good pair stays in use)",
+            certificates.reload_errors.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+            in_flight,
+            patches,
+            panics,
+            certificates,
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+
+    /// Counts one request in flight until the guard is dropped.
+    pub fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        InFlight {
+            metrics: self,
+            started: Instant::now(),
+        }
+    }
+
+    /// The value of the request counter for one label set (for tests and the load test).
+    pub fn requests_for(&self, labels: &RequestLabels) -> u64 {
+        self.requests.get_or_create(labels).get()
+    }
+}
+
+/// An RAII guard: the in-flight gauge goes down when the request is answered.
+pub struct InFlight<'a> {
+    metrics: &'a Metrics,
+    started: Instant,
+}
+
+impl InFlight<'_> {
+    /// Records the request's outcome and latency.
+    pub fn finish(self, labels: RequestLabels) {
+        self.metrics
+            .latency
+            .get_or_create(&WebhookLabels {
+                webhook: labels.webhook,
+            })
+            .observe(self.started.elapsed().as_secs_f64());
+        self.metrics.requests.get_or_create(&labels).inc();
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+    }
+}
+
+/// Bounds the `kind` label to the kinds gpu-guard handles.
+pub fn kind_label(kind: &str) -> &'static str {
+    const KNOWN: [&str; 8] = [
+        "Job",
+        "CronJob",
+        "Pod",
+        "Deployment",
+        "StatefulSet",
+        "DaemonSet",
+        "ReplicaSet",
+        "",
+    ];
+    KNOWN
+        .iter()
+        .find(|known| **known == kind)
+        .map_or(
+            "other",
+            |known| if known.is_empty() { "unknown" } else { known },
+        )
+}
+
+/// Bounds the `operation` label.
+pub fn operation_label(operation: &str) -> &'static str {
+    match operation {
+        "CREATE" => "CREATE",
+        "UPDATE" => "UPDATE",
+        "DELETE" => "DELETE",
+        "CONNECT" => "CONNECT",
+        _ => "unknown",
+    }
+}

@@ -148,7 +148,11 @@ pub struct FailurePolicyArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
-    /// Validate a policy file: prints every problem with file, line and field; exit 1 if any.
+    /// Validate a policy file; exit 1 if it is refused.
+    ///
+    /// Prints every semantic problem at once, each with file, line, column and field; a YAML
+    /// syntax error, an unknown key or a wrong type stops the reading, so it is the only
+    /// problem shown until it is fixed.
     Check {
         /// The policy file.
         file: PathBuf,
@@ -291,15 +295,30 @@ fn mutate_document(
     policy: &Policy,
     log: &mut String,
 ) -> Result<(), String> {
-    let is_list = value
+    let list_kind = value
         .get("kind")
         .and_then(Value::as_str)
-        .is_some_and(|kind| kind.ends_with("List"));
-    if is_list && let Some(items) = value.get_mut("items").and_then(Value::as_array_mut) {
+        .filter(|kind| kind.ends_with("List"))
+        .map(str::to_owned);
+    if let Some(list_kind) = list_kind
+        && let Some(items) = value.get_mut("items").and_then(Value::as_array_mut)
+    {
+        // The API's own JobList and CronJobList leave apiVersion and kind out of their items.
+        let implied_kind = list_kind.strip_suffix("List").unwrap_or_default().to_owned();
         let mut errors = Vec::new();
         for item in items {
+            let implied = item.get("kind").is_none() && !implied_kind.is_empty();
+            if implied && let Some(fields) = item.as_object_mut() {
+                fields.insert("apiVersion".to_owned(), Value::from("batch/v1"));
+                fields.insert("kind".to_owned(), Value::from(implied_kind.clone()));
+            }
             if let Err(error) = mutate_document(item, document, policy, log) {
                 errors.push(error);
+            }
+            if implied && let Some(fields) = item.as_object_mut() {
+                // Inserted last and shift-removed: the item keeps its key order.
+                fields.shift_remove("kind");
+                fields.shift_remove("apiVersion");
             }
         }
         return if errors.is_empty() {
@@ -323,7 +342,12 @@ fn mutate_document(
                 mutate::SKIP_ANNOTATION
             ));
         }
-        Some(_) => {}
+        Some(SkipReason::NotDeviceWorkload) => log.push_str(&format!(
+            "{name}: unchanged (no container requests a device resource listed in the policy)\n"
+        )),
+        Some(SkipReason::NoPodSpec) => {
+            log.push_str(&format!("{name}: unchanged (no pod template spec)\n"));
+        }
         None if mutation.patch.is_empty() => log.push_str(&format!("{name}: unchanged\n")),
         None => {
             *value = crate::patch::apply(value, &mutation.patch)

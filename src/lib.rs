@@ -19,3 +19,4 @@ pub mod object;
 pub mod patch;
 pub mod policy;
 pub mod server;
+pub mod yaml;

@@ -97,7 +97,8 @@ pub fn parse(text: &str, source_name: &str) -> (Vec<Document>, Option<InputError
                     value,
                 }),
                 Err(error) => {
-                    let error = parse_error(documents.len(), Some(error.line()), error.to_string());
+                    let message = strip_location(&error.to_string());
+                    let error = parse_error(documents.len(), Some(error.line()), message);
                     return (documents, Some(error));
                 }
             }
@@ -105,16 +106,26 @@ pub fn parse(text: &str, source_name: &str) -> (Vec<Document>, Option<InputError
         return (documents, None);
     }
     for document in serde_norway::Deserializer::from_str(text) {
-        match Value::deserialize(document) {
+        // Through serde_norway's own value first, to resolve `<<` merge keys as kubectl does.
+        let parsed = serde_norway::Value::deserialize(document).and_then(|mut yaml| {
+            yaml.apply_merge()?;
+            Ok(yaml)
+        });
+        let converted = match parsed {
+            Ok(yaml) => serde_json::to_value(&yaml).map_err(|error| (None, error.to_string())),
+            Err(error) => Err((
+                error.location().map(|l| l.line()),
+                strip_location(&error.to_string()),
+            )),
+        };
+        match converted {
             Ok(Value::Null) => {}
             Ok(value) => documents.push(Document {
                 source: source_name.to_owned(),
                 index: documents.len(),
                 value,
             }),
-            Err(error) => {
-                let line = error.location().map(|l| l.line());
-                let message = strip_location(&error.to_string());
+            Err((line, message)) => {
                 let error = parse_error(documents.len(), line, message);
                 return (documents, Some(error));
             }
@@ -156,7 +167,7 @@ pub fn render(values: &[Value], format: Format) -> String {
 
 /// One value as a YAML document.
 pub fn to_yaml(value: &Value) -> String {
-    serde_norway::to_string(value).expect("JSON values serialize as YAML")
+    crate::yaml::to_string(value)
 }
 
 #[cfg(test)]

@@ -304,7 +304,10 @@ fn mutate_document(
         && let Some(items) = value.get_mut("items").and_then(Value::as_array_mut)
     {
         // The API's own JobList and CronJobList leave apiVersion and kind out of their items.
-        let implied_kind = list_kind.strip_suffix("List").unwrap_or_default().to_owned();
+        let implied_kind = list_kind
+            .strip_suffix("List")
+            .unwrap_or_default()
+            .to_owned();
         let mut errors = Vec::new();
         for item in items {
             let implied = item.get("kind").is_none() && !implied_kind.is_empty();

@@ -141,11 +141,37 @@ mod tests {
 
     #[test]
     fn ambiguous_strings_are_quoted_and_plain_ones_are_not() {
-        for ambiguous in ["yes", "on", "OFF", "y", "NO", "1_000", "0o17", "2026-01-01", "", " x", "1", "-1", "a: b", "#x", "x #y", "true", "null", "~"] {
+        for ambiguous in [
+            "yes",
+            "on",
+            "OFF",
+            "y",
+            "NO",
+            "1_000",
+            "0o17",
+            "2026-01-01",
+            "",
+            " x",
+            "1",
+            "-1",
+            "a: b",
+            "#x",
+            "x #y",
+            "true",
+            "null",
+            "~",
+        ] {
             let text = string(ambiguous);
             assert!(text.starts_with('"'), "{ambiguous:?} came out as {text}");
         }
-        for plain in ["main", "nvidia.com/gpu", "Never", "registry.example/train", "gpu-guard.io/mutated", "/dev/termination-log"] {
+        for plain in [
+            "main",
+            "nvidia.com/gpu",
+            "Never",
+            "registry.example/train",
+            "gpu-guard.io/mutated",
+            "/dev/termination-log",
+        ] {
             assert_eq!(string(plain), plain);
         }
     }
@@ -163,6 +189,9 @@ mod tests {
         let text = to_string(&value);
         let back: Value = serde_norway::from_str(&text).unwrap();
         assert_eq!(back, value, "{text}");
-        assert!(text.contains("\nlist:\n- name: a\n  args:\n  - x\n  - \"on\"\n"), "{text}");
+        assert!(
+            text.contains("\nlist:\n- name: a\n  args:\n  - x\n  - \"on\"\n"),
+            "{text}"
+        );
     }
 }

@@ -284,7 +284,8 @@ fn a_job_list_from_the_api_has_its_items_mutated_without_gaining_kind_fields() {
     let mut item = job.clone();
     item.as_object_mut().unwrap().shift_remove("apiVersion");
     item.as_object_mut().unwrap().shift_remove("kind");
-    let list = json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": [item]});
+    let list =
+        json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": [item]});
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.json");
     std::fs::write(&path, serde_json::to_string(&list).unwrap()).unwrap();
@@ -292,7 +293,10 @@ fn a_job_list_from_the_api_has_its_items_mutated_without_gaining_kind_fields() {
     let mutated = single_yaml_document(&out.stdout);
     let item = &mutated["items"][0];
     assert_device_job_spec(&item["spec"], &["main"]);
-    assert!(item.get("kind").is_none() && item.get("apiVersion").is_none(), "{item}");
+    assert!(
+        item.get("kind").is_none() && item.get("apiVersion").is_none(),
+        "{item}"
+    );
     let keys: Vec<&String> = item.as_object().unwrap().keys().collect();
     assert_eq!(keys, vec!["metadata", "spec"], "key order kept");
 }

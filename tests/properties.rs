@@ -1083,7 +1083,15 @@ fn merging_after_the_shared_rule_fallback_is_idempotent() {
     let twice = mutate_job(&once.job, &EMBEDDED);
     assert_eq!(twice.changes, Vec::new(), "first pass: {:?}", once.changes);
     // And the first pass already covers `c`'s exit code 75, leaving `a` and `b` to their rules.
-    let rules = &once.job.spec.as_ref().unwrap().pod_failure_policy.as_ref().unwrap().rules;
+    let rules = &once
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .pod_failure_policy
+        .as_ref()
+        .unwrap()
+        .rules;
     let for_c: Vec<_> = rules
         .iter()
         .filter_map(|rule| rule.on_exit_codes.as_ref())

@@ -105,10 +105,37 @@ fn mutate_known(
     let patch = patch::operations(&outcome.changes, raw, root);
     if !patch.is_empty() {
         // Proves the operations apply before anyone sends or writes them.
-        patch::apply(raw, &patch)?;
+        patch::check_applies(raw, &patch)?;
     }
     Ok(ObjectMutation {
         kind,
+        outcome,
+        patch,
+    })
+}
+
+/// The webhook's fast path for a Job given as JSON text: decodes the typed Job straight from
+/// the text and derives and checks the patch against the raw object's [`patch::skeleton`], so
+/// no `serde_json::Value` of the whole object is built.
+pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, ObjectError> {
+    let job: Job = serde_json::from_str(raw).map_err(|source| ObjectError::Decode {
+        kind: "Job",
+        source,
+    })?;
+    let outcome = mutate_job(&job, policy);
+    let patch = if outcome.changes.is_empty() {
+        json_patch::Patch(Vec::new())
+    } else {
+        let skeleton = patch::skeleton(raw).map_err(|source| ObjectError::Decode {
+            kind: "Job",
+            source,
+        })?;
+        let patch = patch::operations(&outcome.changes, &skeleton, JOB_ROOT);
+        patch::check_applies(&skeleton, &patch)?;
+        patch
+    };
+    Ok(ObjectMutation {
+        kind: MutableKind::Job,
         outcome,
         patch,
     })

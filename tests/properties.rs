@@ -815,6 +815,36 @@ proptest! {
         prop_assert_eq!(&diffed, &expected);
     }
 
+    /// 4b. The webhook's fast path (typed decode from the JSON text, operations derived and
+    /// checked against the raw object's skeleton) sends exactly the patch the general path
+    /// derives from the whole raw object, with or without explicit nulls.
+    #[test]
+    fn the_fast_path_sends_the_same_patch_as_the_general_path(
+        input in job(),
+        kind in policy_kind(),
+        nulls in prop::collection::vec(any::<bool>(), NULLABLE.len()),
+    ) {
+        let policy = kind.policy();
+        let mut raw = to_value(&input.0);
+        raw["apiVersion"] = json!("batch/v1");
+        raw["kind"] = json!("Job");
+        let (nulled, _) = with_nulls(&raw, &nulls);
+        for document in [&raw, &nulled] {
+            let general = gpu_guard::object::mutate_object(document, policy)
+                .expect("a Job")
+                .expect("the general path succeeds");
+            let text = serde_json::to_string(document).unwrap();
+            let fast = gpu_guard::object::mutate_job_json(&text, policy)
+                .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
+            prop_assert_eq!(&fast.patch, &general.patch);
+            let skeleton = patch::skeleton(&text).unwrap();
+            prop_assert_eq!(
+                patch::operations(&general.outcome.changes, &skeleton, JOB_ROOT),
+                general.patch.clone()
+            );
+        }
+    }
+
     /// 5. Fields this version of k8s-openapi does not know survive the patch wherever they are,
     /// including on the Job's own podFailurePolicy rules (which the device rules are put in
     /// front of); without them, the patched object is the mutated Job.

@@ -218,7 +218,7 @@ async fn bad_input_gets_a_clear_answer_and_the_server_keeps_serving() {
             400,
             "unsupported apiVersion",
         ),
-        ("deep nesting", deep, 400, "recursion limit"),
+        ("deep nesting", deep, 400, "deeper than 128 levels"),
         ("too large", vec![b' '; 8 * 1024 * 1024], 413, ""),
     ];
     for (name, body, status, message) in cases {

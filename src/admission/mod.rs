@@ -12,9 +12,9 @@
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
-use crate::object::mutate_object;
+use crate::object::{ObjectError, ObjectMutation, mutate_job_json, mutate_object};
 use crate::policy::Policy;
 
 /// The two webhooks the server exposes.
@@ -36,6 +36,9 @@ impl Webhook {
 /// At most this many characters in one admission warning (the API server's limit is 120).
 pub const MAX_WARNING_CHARS: usize = 120;
 
+/// The deepest JSON nesting accepted (serde_json's own limit for the values it builds).
+pub const MAX_DEPTH: usize = 128;
+
 const SUPPORTED_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
 
 /// Why a request body is not a usable AdmissionReview (HTTP 400).
@@ -43,6 +46,8 @@ const SUPPORTED_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/
 pub enum ReviewError {
     #[error("the body is not a JSON AdmissionReview: {0}")]
     NotJson(#[source] serde_json::Error),
+    #[error("the body nests JSON deeper than {MAX_DEPTH} levels; no Kubernetes object does")]
+    TooDeep,
     #[error(
         "unsupported apiVersion {0:?}: send admission.k8s.io/v1 (admissionReviewVersions: [v1])"
     )]
@@ -57,17 +62,20 @@ pub enum ReviewError {
     MissingObject(String),
 }
 
+/// The parts of an AdmissionReview gpu-guard reads. The object stays JSON text (borrowed from
+/// the body): the engine decodes the typed Job from it directly.
 #[derive(Deserialize)]
-struct IncomingReview {
+struct IncomingReview<'a> {
     #[serde(rename = "apiVersion", default)]
     api_version: String,
     #[serde(default)]
     kind: String,
-    request: Option<IncomingRequest>,
+    #[serde(borrow)]
+    request: Option<IncomingRequest<'a>>,
 }
 
 #[derive(Deserialize)]
-struct IncomingRequest {
+struct IncomingRequest<'a> {
     #[serde(default)]
     uid: String,
     #[serde(default)]
@@ -78,8 +86,8 @@ struct IncomingRequest {
     namespace: Option<String>,
     #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
-    object: Option<Value>,
+    #[serde(default, borrow)]
+    object: Option<&'a RawValue>,
 }
 
 /// `request.kind` of an AdmissionReview.
@@ -160,6 +168,11 @@ pub struct Status {
 
 /// Decides one AdmissionReview body for `webhook`.
 pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed, ReviewError> {
+    // serde_json skips the parts it does not decode without a depth limit (safely, but it
+    // would accept them); refuse absurd nesting anywhere, in one pass over the bytes.
+    if nesting_exceeds(body, MAX_DEPTH) {
+        return Err(ReviewError::TooDeep);
+    }
     let incoming: IncomingReview = serde_json::from_slice(body).map_err(ReviewError::NotJson)?;
     if !SUPPORTED_VERSIONS.contains(&incoming.api_version.as_str()) {
         return Err(ReviewError::UnsupportedVersion(incoming.api_version));
@@ -184,9 +197,8 @@ pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed
     if webhook == Webhook::Mutate && mutable && request.operation == "CREATE" {
         let object = request
             .object
-            .as_ref()
             .ok_or_else(|| ReviewError::MissingObject(request.operation.clone()))?;
-        match mutate_object(object, policy) {
+        match mutate_raw(&request.kind.kind, object, policy) {
             // The object's own apiVersion/kind disagree with request.kind: leave it alone.
             None => response
                 .warnings
@@ -239,6 +251,56 @@ pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed
     })
 }
 
+/// Whether JSON text nests arrays and objects deeper than `limit` (brackets inside strings do
+/// not count). Not a validator: malformed text is left to the parser.
+fn nesting_exceeds(text: &[u8], limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in text {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A Job goes through the fast path (no `Value` of the whole object); a CronJob, rare at
+/// admission, through the general one.
+fn mutate_raw(
+    kind: &str,
+    object: &RawValue,
+    policy: &Policy,
+) -> Option<Result<ObjectMutation, ObjectError>> {
+    if kind == "Job" {
+        return Some(mutate_job_json(object.get(), policy));
+    }
+    match serde_json::from_str(object.get()) {
+        Ok(value) => mutate_object(&value, policy),
+        Err(source) => Some(Err(ObjectError::Decode {
+            kind: "CronJob",
+            source,
+        })),
+    }
+}
+
 fn truncate_chars(text: &mut String, max: usize) {
     if let Some((cut, _)) = text.char_indices().nth(max) {
         let keep = text[..cut]
@@ -253,6 +315,13 @@ fn truncate_chars(text: &mut String, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nesting_is_measured_outside_strings() {
+        assert!(!nesting_exceeds(br#"{"a": [[1], {"b": "[[[[[["}]}"#, 3));
+        assert!(nesting_exceeds(br#"{"a": [[[1]]]}"#, 3));
+        assert!(!nesting_exceeds(br#"{"a": "\"[[[[[[["}"#, 1));
+    }
 
     #[test]
     fn long_warnings_are_cut_to_the_api_servers_limit() {

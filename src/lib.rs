@@ -12,6 +12,7 @@
 pub mod admission;
 pub mod cli;
 pub mod field;
+pub mod job_view;
 pub mod manifest;
 pub mod mutate;
 pub mod names;

@@ -7,6 +7,7 @@ use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
+use crate::job_view;
 use crate::mutate::{
     Outcome, SkipReason, is_skipped, mutate_job, mutate_job_template, template_as_job,
 };
@@ -114,26 +115,20 @@ fn mutate_known(
     })
 }
 
-/// The webhook's fast path for a Job given as JSON text: decodes the typed Job straight from
-/// the text and derives and checks the patch against the raw object's [`patch::skeleton`], so
-/// no `serde_json::Value` of the whole object is built.
+/// The webhook's fast path for a Job given as JSON text: decodes only what the engine reads
+/// ([`job_view`]) and derives and checks the patch against the raw object's skeleton, so no
+/// `serde_json::Value` of the whole object, and no typed copy of what the engine ignores, is
+/// built. The outcome's Job has only the fields the engine reads.
 pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, ObjectError> {
-    let job: Job = serde_json::from_str(raw).map_err(|source| ObjectError::Decode {
+    let view = job_view::decode(raw).map_err(|source| ObjectError::Decode {
         kind: "Job",
         source,
     })?;
-    let outcome = mutate_job(&job, policy);
-    let patch = if outcome.changes.is_empty() {
-        json_patch::Patch(Vec::new())
-    } else {
-        let skeleton = patch::skeleton(raw).map_err(|source| ObjectError::Decode {
-            kind: "Job",
-            source,
-        })?;
-        let patch = patch::operations(&outcome.changes, &skeleton, JOB_ROOT);
-        patch::check_applies(&skeleton, &patch)?;
-        patch
-    };
+    let outcome = mutate_job(&view.job, policy);
+    let patch = patch::operations(&outcome.changes, &view.skeleton, JOB_ROOT);
+    if !patch.is_empty() {
+        patch::check_applies(&view.skeleton, &patch)?;
+    }
     Ok(ObjectMutation {
         kind: MutableKind::Job,
         outcome,

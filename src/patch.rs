@@ -135,86 +135,8 @@ impl Builder<'_> {
     }
 }
 
-/// The parts of a raw Job that the patch builder looks at, read from its JSON text without
-/// building the whole value: `metadata.annotations`, `spec.podFailurePolicy.rules` (its length),
-/// `spec.template.spec.tolerations` (its length) and their parents, each present exactly when
-/// it is present and not null in the raw object. Everything else is left out.
-///
-/// [`operations`] against the skeleton gives the same operations as against the whole raw
-/// object (a property test proves it), and applying them to the skeleton checks, with
-/// json-patch's own rules, that they apply to the raw object: the webhook's fast path, which
-/// never builds a `serde_json::Value` of the whole request (for a 7 KB Job that would cost
-/// more than everything else the webhook does).
-pub fn skeleton(raw_job: &str) -> Result<Value, serde_json::Error> {
-    use serde::Deserialize;
-    use serde::de::IgnoredAny;
-
-    #[derive(Deserialize)]
-    struct Root {
-        metadata: Option<Metadata>,
-        spec: Option<Spec>,
-    }
-    #[derive(Deserialize)]
-    struct Metadata {
-        annotations: Option<IgnoredAny>,
-    }
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Spec {
-        pod_failure_policy: Option<FailurePolicy>,
-        template: Option<Template>,
-    }
-    #[derive(Deserialize)]
-    struct FailurePolicy {
-        rules: Option<Vec<IgnoredAny>>,
-    }
-    #[derive(Deserialize)]
-    struct Template {
-        spec: Option<Pod>,
-    }
-    #[derive(Deserialize)]
-    struct Pod {
-        tolerations: Option<Vec<IgnoredAny>>,
-    }
-
-    fn items(count: usize) -> Value {
-        Value::Array(vec![Value::Object(Map::new()); count])
-    }
-    let root: Root = serde_json::from_str(raw_job)?;
-    let mut skeleton = Map::new();
-    if let Some(metadata) = root.metadata {
-        let mut fields = Map::new();
-        if metadata.annotations.is_some() {
-            fields.insert("annotations".to_owned(), Value::Object(Map::new()));
-        }
-        skeleton.insert("metadata".to_owned(), Value::Object(fields));
-    }
-    if let Some(spec) = root.spec {
-        let mut fields = Map::new();
-        if let Some(policy) = spec.pod_failure_policy {
-            let mut policy_fields = Map::new();
-            if let Some(rules) = policy.rules {
-                policy_fields.insert("rules".to_owned(), items(rules.len()));
-            }
-            fields.insert("podFailurePolicy".to_owned(), Value::Object(policy_fields));
-        }
-        if let Some(template) = spec.template {
-            let mut template_fields = Map::new();
-            if let Some(pod) = template.spec {
-                let mut pod_fields = Map::new();
-                if let Some(tolerations) = pod.tolerations {
-                    pod_fields.insert("tolerations".to_owned(), items(tolerations.len()));
-                }
-                template_fields.insert("spec".to_owned(), Value::Object(pod_fields));
-            }
-            fields.insert("template".to_owned(), Value::Object(template_fields));
-        }
-        skeleton.insert("spec".to_owned(), Value::Object(fields));
-    }
-    Ok(Value::Object(skeleton))
-}
-
-/// Checks that a patch applies to `document` (a raw object or its [`skeleton`]) without
+/// Checks that a patch applies to `document` (a raw object or its skeleton, see
+/// [`crate::job_view`]) without
 /// keeping the result: json-patch applies it to a copy, without the undo log of
 /// [`json_patch::patch`].
 pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), PatchError> {
@@ -227,8 +149,12 @@ fn json(value: &impl Serialize) -> Value {
 }
 
 /// Escapes a key as a JSON Pointer token (RFC 6901).
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
+fn escape(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.contains(['~', '/']) {
+        key.replace('~', "~0").replace('/', "~1").into()
+    } else {
+        key.into()
+    }
 }
 
 fn unescape(token: &str) -> String {

@@ -837,7 +837,7 @@ proptest! {
             let fast = gpu_guard::object::mutate_job_json(&text, policy)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
-            let skeleton = patch::skeleton(&text).unwrap();
+            let skeleton = gpu_guard::job_view::decode(&text).unwrap().skeleton;
             prop_assert_eq!(
                 patch::operations(&general.outcome.changes, &skeleton, JOB_ROOT),
                 general.patch.clone()

@@ -169,11 +169,37 @@ pub struct Status {
 /// Decides one AdmissionReview body for `webhook`.
 pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed, ReviewError> {
     // serde_json skips the parts it does not decode without a depth limit (safely, but it
-    // would accept them); refuse absurd nesting anywhere, in one pass over the bytes.
-    if nesting_exceeds(body, MAX_DEPTH) {
+    // would accept them); refuse absurd nesting anywhere, in one pass over the bytes. The same
+    // pass finds the object, so the envelope is parsed without it and the object only once.
+    let scan = scan_body(body, MAX_DEPTH);
+    if scan.too_deep {
         return Err(ReviewError::TooDeep);
     }
-    let incoming: IncomingReview = serde_json::from_slice(body).map_err(ReviewError::NotJson)?;
+    let split = scan.object.and_then(|range| {
+        let object = std::str::from_utf8(&body[range.clone()]).ok()?;
+        let mut envelope = Vec::with_capacity(body.len() - range.len() + 4);
+        envelope.extend_from_slice(&body[..range.start]);
+        envelope.extend_from_slice(b"null");
+        envelope.extend_from_slice(&body[range.end..]);
+        Some((envelope, object))
+    });
+    review_parsed(webhook, body, split, policy)
+}
+
+/// [`review`] after the scan: `split` is the envelope without its object and the object,
+/// when the scan found it; otherwise the whole body is parsed.
+fn review_parsed(
+    webhook: Webhook,
+    body: &[u8],
+    split: Option<(Vec<u8>, &str)>,
+    policy: &Policy,
+) -> Result<Reviewed, ReviewError> {
+    let (envelope, split_object): (&[u8], _) = match &split {
+        Some((envelope, object)) => (envelope, Some(*object)),
+        None => (body, None),
+    };
+    let incoming: IncomingReview =
+        serde_json::from_slice(envelope).map_err(ReviewError::NotJson)?;
     if !SUPPORTED_VERSIONS.contains(&incoming.api_version.as_str()) {
         return Err(ReviewError::UnsupportedVersion(incoming.api_version));
     }
@@ -195,14 +221,20 @@ pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed
     let is_batch = request.kind.group == "batch" && request.kind.version == "v1";
     let mutable = is_batch && matches!(request.kind.kind.as_str(), "Job" | "CronJob");
     if webhook == Webhook::Mutate && mutable && request.operation == "CREATE" {
-        let object = request
-            .object
+        let object = split_object
+            .or(request.object.map(RawValue::get))
             .ok_or_else(|| ReviewError::MissingObject(request.operation.clone()))?;
         match mutate_raw(&request.kind.kind, object, policy) {
             // The object's own apiVersion/kind disagree with request.kind: leave it alone.
             None => response
                 .warnings
                 .push("gpu-guard: the object is not a batch/v1 Job; left unchanged".to_owned()),
+            // Not JSON at all is malformed input, not an object gpu-guard cannot read.
+            Some(Err(ObjectError::Decode { source, .. }))
+                if source.is_syntax() || source.is_eof() =>
+            {
+                return Err(ReviewError::NotJson(source));
+            }
             Some(Err(error)) => response.warnings.push(format!("gpu-guard: {error}")),
             Some(Ok(mutation)) => {
                 response.warnings = mutation
@@ -251,48 +283,118 @@ pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed
     })
 }
 
-/// Whether JSON text nests arrays and objects deeper than `limit` (brackets inside strings do
-/// not count). Not a validator: malformed text is left to the parser.
-fn nesting_exceeds(text: &[u8], limit: usize) -> bool {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &byte in text {
-        if in_string {
-            match (escaped, byte) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+/// What one pass over the body finds: whether it nests too deep, and where the value of
+/// `request.object` is when it is a JSON object.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct BodyScan {
+    too_deep: bool,
+    object: Option<std::ops::Range<usize>>,
+}
+
+/// One pass over JSON text at memchr speed: measures nesting (brackets inside strings do not
+/// count) and finds the byte range of `request.object`, so that the envelope can be parsed
+/// without it and the object decoded once. Not a validator: anything unexpected (a key
+/// spelt with escapes, `object` twice, malformed text) leaves `object` unset and the caller
+/// parses the whole body with serde instead.
+fn scan_body(text: &[u8], limit: usize) -> BodyScan {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Frame {
+        Array,
+        /// An object; `true` while the next string is a key.
+        Object(bool),
+    }
+    let mut frames: Vec<Frame> = Vec::with_capacity(16);
+    let mut last_key: (usize, usize) = (0, 0);
+    let mut request_depth = None;
+    let mut object_start = None;
+    let mut found = None;
+    let mut object_keys = 0;
+    let mut at = 0;
+    while let Some(&byte) = text.get(at) {
+        at += 1;
         match byte {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > limit {
-                    return true;
+            b'"' => {
+                let start = at;
+                loop {
+                    let Some(offset) = memchr::memchr2(b'"', b'\\', &text[at..]) else {
+                        return BodyScan::default();
+                    };
+                    at += offset + 1;
+                    if text[at - 1] == b'"' {
+                        break;
+                    }
+                    at += 1; // the escaped character
+                }
+                if let Some(Frame::Object(expect_key @ true)) = frames.last_mut() {
+                    *expect_key = false;
+                    last_key = (start, at - 1);
                 }
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
+            b':' => {
+                let key = &text[last_key.0..last_key.1];
+                let depth = frames.len();
+                if depth == 1 && key == b"request" {
+                    request_depth = Some(2);
+                } else if Some(depth) == request_depth && key == b"object" {
+                    object_keys += 1;
+                    let value = text[at..].iter().position(|b| !b.is_ascii_whitespace());
+                    if let Some(start) = value.map(|offset| at + offset)
+                        && text[start] == b'{'
+                    {
+                        object_start = Some(start);
+                    }
+                }
+            }
+            b',' => {
+                if let Some(Frame::Object(expect_key)) = frames.last_mut() {
+                    *expect_key = true;
+                }
+            }
+            b'[' | b'{' => {
+                frames.push(if byte == b'{' {
+                    Frame::Object(true)
+                } else {
+                    Frame::Array
+                });
+                if frames.len() > limit {
+                    return BodyScan {
+                        too_deep: true,
+                        object: None,
+                    };
+                }
+            }
+            b']' | b'}' => {
+                frames.pop();
+                if byte == b'}'
+                    && request_depth.is_some_and(|depth| frames.len() == depth)
+                    && let Some(start) = object_start.take()
+                {
+                    found = Some(start..at);
+                }
+                if request_depth.is_some_and(|depth| frames.len() < depth) {
+                    request_depth = None;
+                }
+            }
             _ => {}
         }
     }
-    false
+    BodyScan {
+        too_deep: false,
+        object: if object_keys == 1 { found } else { None },
+    }
 }
 
 /// A Job goes through the fast path (no `Value` of the whole object); a CronJob, rare at
 /// admission, through the general one.
 fn mutate_raw(
     kind: &str,
-    object: &RawValue,
+    object: &str,
     policy: &Policy,
 ) -> Option<Result<ObjectMutation, ObjectError>> {
     if kind == "Job" {
-        return Some(mutate_job_json(object.get(), policy));
+        return Some(mutate_job_json(object, policy));
     }
-    match serde_json::from_str(object.get()) {
+    match serde_json::from_str(object) {
         Ok(value) => mutate_object(&value, policy),
         Err(source) => Some(Err(ObjectError::Decode {
             kind: "CronJob",
@@ -318,9 +420,59 @@ mod tests {
 
     #[test]
     fn nesting_is_measured_outside_strings() {
-        assert!(!nesting_exceeds(br#"{"a": [[1], {"b": "[[[[[["}]}"#, 3));
-        assert!(nesting_exceeds(br#"{"a": [[[1]]]}"#, 3));
-        assert!(!nesting_exceeds(br#"{"a": "\"[[[[[[["}"#, 1));
+        assert!(!scan_body(br#"{"a": [[1], {"b": "[[[[[["}]}"#, 3).too_deep);
+        assert!(scan_body(br#"{"a": [[[1]]]}"#, 3).too_deep);
+        assert!(!scan_body(br#"{"a": "\"[[[[[[["}"#, 1).too_deep);
+    }
+
+    #[test]
+    fn the_scan_finds_request_object_or_leaves_it_to_serde() {
+        let found = |text: &str| {
+            scan_body(text.as_bytes(), MAX_DEPTH)
+                .object
+                .map(|range| text[range].to_owned())
+        };
+        let object = r#"{"kind": "Job", "spec": {"x": "}{\"", "object": {"a": [1]}}}"#;
+        let body = format!(
+            r#"{{"kind": "AdmissionReview", "request": {{"uid": "u", "object" : {object}, "oldObject": null}}}}"#
+        );
+        assert_eq!(found(&body).as_deref(), Some(object));
+        // Not at request level, null, twice, escaped key, truncated: left to serde.
+        assert_eq!(
+            found(r#"{"object": {"a": 1}, "request": {"uid": "u"}}"#),
+            None
+        );
+        assert_eq!(found(r#"{"request": {"object": null}}"#), None);
+        assert_eq!(found(r#"{"request": {"object": {}, "object": {}}}"#), None);
+        assert_eq!(
+            found(r#"{"request": {"object": null, "object": {}}}"#),
+            None
+        );
+        assert_eq!(found(r#"{"request": {"obj\u0065ct": {}}}"#), None);
+        assert_eq!(found(r#"{"request": {"object": {"a": "#), None);
+        assert_eq!(found(r#"{"request": {"nested": {"object": {}}}}"#), None);
+    }
+
+    #[test]
+    fn the_split_and_the_whole_body_give_the_same_answer() {
+        let policy = Policy::embedded();
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/admission");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let body = std::fs::read(&path).unwrap();
+            assert!(scan_body(&body, MAX_DEPTH).object.is_some(), "{path:?}");
+            for webhook in [Webhook::Mutate, Webhook::Validate] {
+                let fast = review(webhook, &body, &policy).unwrap();
+                let whole = review_parsed(webhook, &body, None, &policy).unwrap();
+                assert_eq!(fast.body, whole.body, "{path:?}");
+            }
+            checked += 1;
+        }
+        assert_eq!(checked, 20);
     }
 
     #[test]

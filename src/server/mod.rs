@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -114,12 +114,24 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn mutate(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(Webhook::Mutate, &state, &headers, &body)
+async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    webhook(Webhook::Mutate, &state, request).await
 }
 
-async fn validate(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(Webhook::Validate, &state, &headers, &body)
+async fn validate(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    webhook(Webhook::Validate, &state, request).await
+}
+
+/// Reads the body (within [`MAX_BODY_BYTES`]) and decides; the headers are read in place.
+async fn webhook(webhook: Webhook, state: &AppState, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(body) => handle(webhook, state, &parts.headers, &body),
+        Err(_) => plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body exceeds {MAX_BODY_BYTES} bytes (or was cut off)\n"),
+        ),
+    }
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {

@@ -1,0 +1,200 @@
+//! What the engine reads of a raw Job, decoded in one pass over its JSON text: the typed Job
+//! the engine sees, and the skeleton of the raw object the patch is derived from and checked
+//! against.
+//!
+//! The engine reads a Job's labels and annotations, a few spec fields, the pod template's
+//! restart policy, grace period and tolerations, and each container's name, restart policy
+//! and resources. An API server object is mostly other things (`managedFields`, env vars,
+//! volumes, affinity, status): they are skipped unread here, which is most of the webhook's
+//! saving over decoding the whole Job. The Job handed to the engine has only the fields it
+//! reads; a property test proves the patch is the same as from the whole object.
+//!
+//! The skeleton holds `metadata.annotations`, `spec.podFailurePolicy.rules` (its length),
+//! `spec.template.spec.tolerations` (its length) and their parents, each present exactly when
+//! it is present and not null in the raw object: the paths the patch builder looks at.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec, PodFailurePolicy, PodFailurePolicyRule};
+use k8s_openapi::api::core::v1::{
+    Container, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+use serde::de::Error as _;
+use serde_json::{Map, Value};
+
+/// A raw Job as the engine sees it.
+#[derive(Debug)]
+pub struct JobView {
+    /// The Job with only the fields the engine reads.
+    pub job: Job,
+    /// The paths of the raw object the patch builder looks at (see the module docs).
+    pub skeleton: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawJob {
+    api_version: Option<String>,
+    kind: Option<String>,
+    metadata: Option<RawMetadata>,
+    spec: Option<RawSpec>,
+}
+
+#[derive(Deserialize)]
+struct RawMetadata {
+    name: Option<String>,
+    namespace: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawSpec {
+    active_deadline_seconds: Option<i64>,
+    backoff_limit_per_index: Option<i32>,
+    completion_mode: Option<String>,
+    pod_failure_policy: Option<RawFailurePolicy>,
+    pod_replacement_policy: Option<String>,
+    template: Option<RawTemplate>,
+}
+
+#[derive(Deserialize)]
+struct RawFailurePolicy {
+    rules: Option<Vec<PodFailurePolicyRule>>,
+}
+
+#[derive(Deserialize)]
+struct RawTemplate {
+    spec: Option<RawPod>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawPod {
+    #[serde(default)]
+    containers: Vec<RawContainer>,
+    init_containers: Option<Vec<RawContainer>>,
+    restart_policy: Option<String>,
+    termination_grace_period_seconds: Option<i64>,
+    tolerations: Option<Vec<Toleration>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawContainer {
+    name: String,
+    restart_policy: Option<String>,
+    resources: Option<ResourceRequirements>,
+}
+
+impl RawContainer {
+    fn into_container(self) -> Container {
+        Container {
+            name: self.name,
+            restart_policy: self.restart_policy,
+            resources: self.resources,
+            ..Container::default()
+        }
+    }
+}
+
+/// Decodes a raw `batch/v1` Job's JSON text into what the engine reads.
+pub fn decode(raw: &str) -> Result<JobView, serde_json::Error> {
+    let raw: RawJob = serde_json::from_str(raw)?;
+    match (raw.api_version.as_deref(), raw.kind.as_deref()) {
+        (Some("batch/v1"), Some("Job")) => {}
+        (api_version, kind) => {
+            return Err(serde_json::Error::custom(format!(
+                "expected apiVersion batch/v1 and kind Job, found {api_version:?} and {kind:?}"
+            )));
+        }
+    }
+
+    let mut skeleton = Map::new();
+    let mut metadata = ObjectMeta::default();
+    if let Some(raw_metadata) = raw.metadata {
+        let mut fields = Map::new();
+        if raw_metadata.annotations.is_some() {
+            fields.insert("annotations".to_owned(), Value::Object(Map::new()));
+        }
+        skeleton.insert("metadata".to_owned(), Value::Object(fields));
+        metadata = ObjectMeta {
+            name: raw_metadata.name,
+            namespace: raw_metadata.namespace,
+            labels: raw_metadata.labels,
+            annotations: raw_metadata.annotations,
+            ..ObjectMeta::default()
+        };
+    }
+
+    let spec = raw.spec.map(|raw_spec| {
+        let mut fields = Map::new();
+        let pod_failure_policy = raw_spec.pod_failure_policy.map(|policy| {
+            let mut policy_fields = Map::new();
+            if let Some(rules) = &policy.rules {
+                policy_fields.insert("rules".to_owned(), items(rules.len()));
+            }
+            fields.insert("podFailurePolicy".to_owned(), Value::Object(policy_fields));
+            PodFailurePolicy {
+                rules: policy.rules.unwrap_or_default(),
+            }
+        });
+        let mut template = PodTemplateSpec::default();
+        if let Some(raw_template) = raw_spec.template {
+            let mut template_fields = Map::new();
+            if let Some(pod) = raw_template.spec {
+                let mut pod_fields = Map::new();
+                if let Some(tolerations) = &pod.tolerations {
+                    pod_fields.insert("tolerations".to_owned(), items(tolerations.len()));
+                }
+                template_fields.insert("spec".to_owned(), Value::Object(pod_fields));
+                template.spec = Some(PodSpec {
+                    containers: pod
+                        .containers
+                        .into_iter()
+                        .map(RawContainer::into_container)
+                        .collect(),
+                    init_containers: pod.init_containers.map(|containers| {
+                        containers
+                            .into_iter()
+                            .map(RawContainer::into_container)
+                            .collect()
+                    }),
+                    restart_policy: pod.restart_policy,
+                    termination_grace_period_seconds: pod.termination_grace_period_seconds,
+                    tolerations: pod.tolerations,
+                    ..PodSpec::default()
+                });
+            }
+            fields.insert("template".to_owned(), Value::Object(template_fields));
+        }
+        skeleton.insert("spec".to_owned(), Value::Object(fields));
+        JobSpec {
+            active_deadline_seconds: raw_spec.active_deadline_seconds,
+            backoff_limit_per_index: raw_spec.backoff_limit_per_index,
+            completion_mode: raw_spec.completion_mode,
+            pod_failure_policy,
+            pod_replacement_policy: raw_spec.pod_replacement_policy,
+            template,
+            ..JobSpec::default()
+        }
+    });
+
+    Ok(JobView {
+        job: Job {
+            metadata,
+            spec,
+            status: None,
+        },
+        skeleton: Value::Object(skeleton),
+    })
+}
+
+/// An array of `count` empty objects: the skeleton of a list whose items the patch may reach
+/// into (`tolerations/2/tolerationSeconds`) or insert before (`rules/0`).
+fn items(count: usize) -> Value {
+    Value::Array(vec![Value::Object(Map::new()); count])
+}

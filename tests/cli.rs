@@ -959,3 +959,129 @@ fn merge_keys_are_resolved_as_kubectl_resolves_them() {
     );
     assert_device_job_spec(&job["spec"], &["main"]);
 }
+
+// === serve as a process: configuration and signals ===
+
+#[test]
+fn print_config_shows_flags_and_environment_and_exits() {
+    let out = run(gpu_guard().env("GPU_GUARD_LISTEN", "127.0.0.1:9443").args([
+        "serve",
+        "--print-config",
+        "--drain-delay-seconds",
+        "7",
+        "--dns-name",
+        "a.example",
+    ]))
+    .expect_code(0);
+    let config = single_yaml_document(&out.stdout);
+    assert_eq!(
+        config["serve"]["listen"], "127.0.0.1:9443",
+        "from the environment"
+    );
+    assert_eq!(config["serve"]["drainDelaySeconds"], 7, "from a flag");
+    assert_eq!(config["serve"]["adminListen"], "0.0.0.0:8080", "a default");
+    assert_eq!(config["serve"]["dnsNames"], json!(["a.example"]));
+    assert!(config["policy"].as_str().unwrap().contains("embedded"));
+}
+
+/// A `gpu-guard serve` process on free loopback ports, with its admin address read from its
+/// JSON log.
+struct ServeProcess {
+    child: std::process::Child,
+    admin: String,
+}
+
+impl ServeProcess {
+    fn start(drain_delay_seconds: u32) -> Self {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-guard"))
+            .env_remove("GPU_GUARD_POLICY")
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--log-format", "json", "--drain-delay-seconds"])
+            .arg(drain_delay_seconds.to_string())
+            .arg("--ca-bundle-file")
+            .arg(dir.path().join("ca.pem"))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let admin = loop {
+            let line = lines.next().expect("serve logs its addresses").unwrap();
+            let entry: Value = serde_json::from_str(&line).unwrap();
+            if entry["message"] == "serving" {
+                break entry["admin"].as_str().unwrap().to_owned();
+            }
+        };
+        // Keep draining the log so the process never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, admin }
+    }
+
+    fn readyz(&self) -> Option<u16> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.admin).ok()?;
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        response.get(9..12)?.parse().ok()
+    }
+
+    fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn wait(&mut self, limit: std::time::Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status.code().unwrap_or(-1));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn sigterm_turns_readiness_false_drains_and_exits_0() {
+    let mut server = ServeProcess::start(1);
+    assert_eq!(server.readyz(), Some(200));
+    server.signal("TERM");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(server.readyz(), Some(503), "not ready while draining");
+    assert_eq!(server.wait(std::time::Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    let mut server = ServeProcess::start(60);
+    server.signal("TERM");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        server.wait(std::time::Duration::from_millis(100)),
+        None,
+        "still draining"
+    );
+    server.signal("INT");
+    assert_eq!(server.wait(std::time::Duration::from_secs(5)), Some(130));
+}

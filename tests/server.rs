@@ -532,3 +532,58 @@ async fn the_certificate_expiry_is_exported() {
     );
     running.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_request_in_flight_when_shutdown_starts_is_answered_before_the_server_stops() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    // No drain delay: the listener closes at once, only in-flight requests keep it alive.
+    let running = server(dir.path(), &pair, Duration::ZERO).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile_certs(&pair.ca_pem) {
+        roots.add(cert).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+
+    // The request starts: headers sent, body not yet.
+    let body = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
+    let head = format!(
+        "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let state = running.state.clone();
+    let stopping = tokio::spawn(running.shutdown());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(state.draining.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(
+        !stopping.is_finished(),
+        "the server waits for the request in flight"
+    );
+
+    tls.write_all(&body).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut response)).await;
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("\"patchType\":\"JSONPatch\""),
+        "{response}"
+    );
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("the server stops once the request is answered")
+        .unwrap();
+}

@@ -11,7 +11,7 @@ use gpu_guard::object::mutate_object;
 use gpu_guard::patch;
 use gpu_guard::policy::Policy;
 use gpu_guard::server::tls::{CertificateFiles, GeneratedPair, generate_self_signed};
-use gpu_guard::server::{CertificateSource, Running, ServerConfig, start};
+use gpu_guard::server::{CertificateSource, Running, ServerConfig, Timeouts, start};
 use json_patch::Patch;
 use serde_json::{Value, json};
 
@@ -58,6 +58,10 @@ async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
                 poll: Duration::from_millis(100),
             },
             drain_delay: drain,
+            timeouts: Timeouts {
+                handshake: Duration::from_millis(300),
+                headers: Duration::from_millis(300),
+            },
         },
         Policy::embedded(),
     )
@@ -320,6 +324,7 @@ async fn certificates_rotate_in_place_and_by_symlink_swap_and_a_broken_pair_is_i
                 poll: Duration::from_millis(100),
             },
             drain_delay: Duration::ZERO,
+            timeouts: Timeouts::default(),
         },
         Policy::embedded(),
     )
@@ -586,4 +591,94 @@ async fn a_request_in_flight_when_shutdown_starts_is_answered_before_the_server_
         .await
         .expect("the server stops once the request is answered")
         .unwrap();
+}
+
+#[tokio::test]
+async fn slow_clients_are_disconnected_and_others_are_served_meanwhile() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server(dir.path(), &pair, Duration::ZERO).await;
+
+    // Connects and never starts the TLS handshake: closed after the handshake timeout.
+    let mut silent = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    // Finishes the handshake, then sends half a request line: closed after the header timeout.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile_certs(&pair.ca_pem) {
+        roots.add(cert).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut dawdler = connector.connect(name, tcp).await.unwrap();
+    dawdler
+        .write_all(b"POST /mutate HTTP/1.1\r\nHost: loc")
+        .await
+        .unwrap();
+    dawdler.flush().await.unwrap();
+
+    // Meanwhile a normal client is served.
+    let job = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
+    let (status, _) = post(&client(&pair.ca_pem), &url(&running, "/mutate"), job).await;
+    assert_eq!(status, 200);
+
+    let mut buffer = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(3), silent.read(&mut buffer)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "silent client closed: {closed:?}"
+    );
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(3), dawdler.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "the slow client's connection is closed by the server"
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_key_that_does_not_match_the_certificate_is_refused_at_start() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let one = generate_self_signed(&[]).unwrap();
+    let other = generate_self_signed(&[]).unwrap();
+    std::fs::write(
+        dir.path().join("tls.crt"),
+        format!("{}{}", one.cert_pem, one.ca_pem),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("tls.key"), &other.key_pem).unwrap();
+    let localhost: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let config = |key: &str| ServerConfig {
+        listen: localhost,
+        admin_listen: localhost,
+        certificate: CertificateSource::Files {
+            files: CertificateFiles {
+                cert: dir.path().join("tls.crt"),
+                key: dir.path().join(key),
+            },
+            poll: Duration::from_secs(5),
+        },
+        drain_delay: Duration::ZERO,
+        timeouts: Timeouts::default(),
+    };
+    let Err(error) = start(config("tls.key"), Policy::embedded()).await else {
+        panic!("a mismatched pair must be refused");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("does not belong to the certificate"),
+        "{error}"
+    );
+
+    // The same chain (leaf and CA) with its own key starts.
+    std::fs::write(dir.path().join("own.key"), &one.key_pem).unwrap();
+    let running = start(config("own.key"), Policy::embedded()).await.unwrap();
+    running.shutdown().await;
 }

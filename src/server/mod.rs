@@ -36,10 +36,26 @@ use tls::{CertificateFiles, CertificateStore};
 /// The largest AdmissionReview accepted (the API server's own limit is about 3 MiB per object;
 /// 7 MiB matches controller-runtime).
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
-/// A client must finish the TLS handshake within this.
+/// By default a client must finish the TLS handshake within this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A client must send the request headers within this.
+/// By default a client must send the request headers within this.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a slow client may take before its connection is closed.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub handshake: Duration,
+    pub headers: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            handshake: HANDSHAKE_TIMEOUT,
+            headers: HEADER_TIMEOUT,
+        }
+    }
+}
 
 /// Where the certificate comes from.
 #[derive(Clone, Debug)]
@@ -60,6 +76,7 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     pub certificate: CertificateSource,
     pub drain_delay: Duration,
+    pub timeouts: Timeouts,
 }
 
 /// Decides one request body; [`admission::review`] in production, a stand-in in tests.
@@ -305,18 +322,19 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
     let router = webhook_router(state.clone());
     let serving_state = state.clone();
     let drain_delay = config.drain_delay;
+    let handshake_timeout = config.timeouts.handshake;
     let task = tokio::spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_TIMEOUT);
+            .header_read_timeout(config.timeouts.headers);
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
                     let Ok((stream, _peer)) = accepted else { continue };
-                    spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher());
+                    spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
                 }
                 () = stopped(&mut shutdown_rx) => {
                     serving_state.draining.store(true, Ordering::Relaxed);
@@ -330,7 +348,7 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
                             _ = &mut deadline => break,
                             accepted = listener.accept() => {
                                 let Ok((stream, _peer)) = accepted else { continue };
-                                spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher());
+                                spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
                             }
                         }
                     }
@@ -371,7 +389,7 @@ pub enum StartError {
     Bind(#[from] std::io::Error),
 }
 
-/// One TLS connection: handshake within [`HANDSHAKE_TIMEOUT`], then HTTP/1.1 or HTTP/2 until
+/// One TLS connection: handshake within `handshake_timeout`, then HTTP/1.1 or HTTP/2 until
 /// the client closes it or the server shuts down gracefully.
 fn spawn_connection(
     stream: tokio::net::TcpStream,
@@ -379,12 +397,13 @@ fn spawn_connection(
     router: &Router,
     builder: &auto::Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
+    handshake_timeout: Duration,
 ) {
     let acceptor = acceptor.clone();
     let service = TowerToHyperService::new(router.clone());
     let builder = builder.clone();
     tokio::spawn(async move {
-        let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+        let Ok(Ok(tls)) = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
         else {
             return;
         };

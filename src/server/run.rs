@@ -28,6 +28,7 @@ pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
         admin_listen: args.admin_listen,
         certificate,
         drain_delay: Duration::from_secs(args.drain_delay_seconds),
+        timeouts: super::Timeouts::default(),
     };
     runtime.block_on(async move {
         let running = match start(config, policy).await {

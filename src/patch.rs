@@ -135,13 +135,28 @@ impl Builder<'_> {
     }
 }
 
-/// Checks that a patch applies to `document` (a raw object or its skeleton, see
-/// [`crate::job_view`]) without
-/// keeping the result: json-patch applies it to a copy, without the undo log of
-/// [`json_patch::patch`].
+/// Checks that a patch applies to `document` (a raw object, or its skeleton: see
+/// [`crate::job_view`]) without keeping the result. Whether an `add` applies depends on its
+/// path and on what earlier operations created there, not on the content of the values, so
+/// json-patch applies the operations to a copy with each added value replaced by an empty
+/// container of the same kind (no deep copies of the values on the request path).
 pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), PatchError> {
+    let shapes: Vec<PatchOperation> = patch
+        .iter()
+        .map(|operation| match operation {
+            PatchOperation::Add(add) => PatchOperation::Add(AddOperation {
+                path: add.path.clone(),
+                value: match &add.value {
+                    Value::Object(_) => Value::Object(Map::new()),
+                    Value::Array(_) => Value::Array(Vec::new()),
+                    _ => Value::Null,
+                },
+            }),
+            other => other.clone(),
+        })
+        .collect();
     let mut copy = document.clone();
-    json_patch::patch_unsafe(&mut copy, patch)
+    json_patch::patch_unsafe(&mut copy, &shapes)
 }
 
 fn json(value: &impl Serialize) -> Value {
@@ -164,7 +179,35 @@ fn unescape(token: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Toleration;
     use serde_json::json;
+
+    #[test]
+    fn a_patch_that_does_not_apply_is_caught() {
+        let raw = json!({"metadata": {}, "spec": {"template": {"spec": {}}}});
+        let good = operations(
+            &[Change::SetTolerationSeconds {
+                index: 0,
+                seconds: 1,
+            }],
+            &json!({"spec": {"template": {"spec": {"tolerations": [{}]}}}}),
+            JOB_ROOT,
+        );
+        // Built for a document that has tolerations[0]; this one has none.
+        assert!(check_applies(&raw, &good).is_err());
+        let append = operations(
+            &[
+                Change::AddToleration(Toleration::default()),
+                Change::AddToleration(Toleration::default()),
+            ],
+            &raw,
+            JOB_ROOT,
+        );
+        assert!(
+            check_applies(&raw, &append).is_ok(),
+            "appending to an array the patch made"
+        );
+    }
 
     #[test]
     fn an_annotation_on_an_object_without_annotations_creates_the_map_in_one_operation() {

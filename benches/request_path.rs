@@ -15,6 +15,7 @@ fn request_path(c: &mut Criterion) {
         ("sidecar", "009-Job-CREATE-mutate.json"),
         ("existing-policy", "005-Job-CREATE-mutate.json"),
         ("update-passthrough", "017-Job-UPDATE-mutate.json"),
+        ("load-test-7k", "../load/job-7k-review.json"),
     ] {
         let body = std::fs::read(format!("tests/fixtures/admission/{fixture}")).unwrap();
         group.throughput(Throughput::Bytes(body.len() as u64));

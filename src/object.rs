@@ -77,24 +77,9 @@ fn mutate_known(
             (mutate_job(&job, policy), JOB_ROOT)
         }
         MutableKind::CronJob => {
-            let metadata: ObjectMeta = raw
-                .get("metadata")
-                .map(ObjectMeta::deserialize_from)
-                .transpose()
-                .map_err(|source| ObjectError::Decode {
-                    kind: "CronJob",
-                    source,
-                })?
-                .unwrap_or_default();
-            let template: JobTemplateSpec = raw
-                .pointer(CRON_JOB_TEMPLATE_ROOT)
-                .map(JobTemplateSpec::deserialize_from)
-                .transpose()
-                .map_err(|source| ObjectError::Decode {
-                    kind: "CronJob",
-                    source,
-                })?
-                .unwrap_or_default();
+            let metadata: ObjectMeta = cron_job_part(raw, "/metadata")?.unwrap_or_default();
+            let template: JobTemplateSpec =
+                cron_job_part(raw, CRON_JOB_TEMPLATE_ROOT)?.unwrap_or_default();
             let outcome = if is_skipped(&metadata) {
                 Outcome::skipped(&template_as_job(&template), SkipReason::SkipAnnotation)
             } else {
@@ -134,6 +119,20 @@ pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, Obj
         outcome,
         patch,
     })
+}
+
+/// Decodes the part of a raw CronJob at `pointer`, if it has one.
+fn cron_job_part<T: serde::de::DeserializeOwned>(
+    raw: &Value,
+    pointer: &str,
+) -> Result<Option<T>, ObjectError> {
+    raw.pointer(pointer)
+        .map(T::deserialize_from)
+        .transpose()
+        .map_err(|source| ObjectError::Decode {
+            kind: "CronJob",
+            source,
+        })
 }
 
 /// Deserializes a k8s-openapi type from a borrowed JSON value.

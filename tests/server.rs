@@ -16,18 +16,23 @@ use json_patch::Patch;
 use serde_json::{Value, json};
 
 fn client(ca_pem: &str) -> reqwest::Client {
+    let tls = client_tls(ca_pem);
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
+}
+
+/// A rustls client configuration that trusts only the given CA.
+fn client_tls(ca_pem: &str) -> rustls::ClientConfig {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile_certs(ca_pem) {
         roots.add(cert).unwrap();
     }
-    let tls = rustls::ClientConfig::builder()
+    rustls::ClientConfig::builder()
         .with_root_certificates(roots)
-        .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .unwrap()
+        .with_no_client_auth()
 }
 
 fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
@@ -35,6 +40,17 @@ fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'sta
     rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
         .map(Result::unwrap)
         .collect()
+}
+
+/// A TLS connection to the server trusting only the test CA, for writing raw HTTP by hand.
+async fn raw_tls(
+    running: &Running,
+    pair: &GeneratedPair,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_tls(&pair.ca_pem)));
+    let tcp = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.unwrap()
 }
 
 fn write_pair(dir: &Path, pair: &GeneratedPair) {
@@ -546,17 +562,7 @@ async fn a_request_in_flight_when_shutdown_starts_is_answered_before_the_server_
     let pair = generate_self_signed(&[]).unwrap();
     // No drain delay: the listener closes at once, only in-flight requests keep it alive.
     let running = server(dir.path(), &pair, Duration::ZERO).await;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile_certs(&pair.ca_pem) {
-        roots.add(cert).unwrap();
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(running.addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let mut tls = raw_tls(&running, &pair).await;
 
     // The request starts: headers sent, body not yet.
     let body = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
@@ -604,17 +610,7 @@ async fn slow_clients_are_disconnected_and_others_are_served_meanwhile() {
     // Connects and never starts the TLS handshake: closed after the handshake timeout.
     let mut silent = tokio::net::TcpStream::connect(running.addr).await.unwrap();
     // Finishes the handshake, then sends half a request line: closed after the header timeout.
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile_certs(&pair.ca_pem) {
-        roots.add(cert).unwrap();
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(running.addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut dawdler = connector.connect(name, tcp).await.unwrap();
+    let mut dawdler = raw_tls(&running, &pair).await;
     dawdler
         .write_all(b"POST /mutate HTTP/1.1\r\nHost: loc")
         .await

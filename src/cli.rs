@@ -310,18 +310,27 @@ fn mutate_document(
             .to_owned();
         let mut errors = Vec::new();
         for item in items {
-            let implied = item.get("kind").is_none() && !implied_kind.is_empty();
-            if implied && let Some(fields) = item.as_object_mut() {
-                fields.insert("apiVersion".to_owned(), Value::from("batch/v1"));
-                fields.insert("kind".to_owned(), Value::from(implied_kind.clone()));
+            // Only the keys an item lacks are added, and removed again afterwards (inserted
+            // last and shift-removed: the item keeps its key order).
+            let mut added = Vec::new();
+            if !implied_kind.is_empty()
+                && item.get("kind").is_none()
+                && let Some(fields) = item.as_object_mut()
+            {
+                for (key, value) in [("apiVersion", "batch/v1"), ("kind", implied_kind.as_str())] {
+                    if !fields.contains_key(key) {
+                        fields.insert(key.to_owned(), Value::from(value));
+                        added.push(key);
+                    }
+                }
             }
             if let Err(error) = mutate_document(item, document, policy, log) {
                 errors.push(error);
             }
-            if implied && let Some(fields) = item.as_object_mut() {
-                // Inserted last and shift-removed: the item keeps its key order.
-                fields.shift_remove("kind");
-                fields.shift_remove("apiVersion");
+            if let Some(fields) = item.as_object_mut() {
+                for key in added.iter().rev() {
+                    fields.shift_remove(*key);
+                }
             }
         }
         return if errors.is_empty() {

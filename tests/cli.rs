@@ -299,6 +299,16 @@ fn a_job_list_from_the_api_has_its_items_mutated_without_gaining_kind_fields() {
     );
     let keys: Vec<&String> = item.as_object().unwrap().keys().collect();
     assert_eq!(keys, vec!["metadata", "spec"], "key order kept");
+
+    // An item that has its apiVersion but no kind keeps its apiVersion.
+    let mut with_version = list.clone();
+    with_version["items"][0]["apiVersion"] = json!("batch/v1");
+    std::fs::write(&path, serde_json::to_string(&with_version).unwrap()).unwrap();
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    let item = &single_yaml_document(&out.stdout)["items"][0];
+    assert_eq!(item["apiVersion"], "batch/v1");
+    assert!(item.get("kind").is_none());
+    assert_device_job_spec(&item["spec"], &["main"]);
 }
 
 #[test]

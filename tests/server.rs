@@ -77,6 +77,8 @@ async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
             timeouts: Timeouts {
                 handshake: Duration::from_millis(300),
                 headers: Duration::from_millis(300),
+                body: Duration::from_secs(1),
+                shutdown: Duration::from_secs(5),
             },
         },
         Policy::embedded(),
@@ -634,7 +636,67 @@ async fn slow_clients_are_disconnected_and_others_are_served_meanwhile() {
         closed.is_ok(),
         "the slow client's connection is closed by the server"
     );
+
+    // Headers complete, body short of its Content-Length: 408 after the body timeout.
+    let mut short = raw_tls(&running, &pair).await;
+    short
+        .write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\"")
+        .await
+        .unwrap();
+    short.flush().await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(3), short.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     running.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_ever_on_a_stalled_request() {
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    write_pair(dir.path(), &pair);
+    let localhost: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let running = start(
+        ServerConfig {
+            listen: localhost,
+            admin_listen: localhost,
+            certificate: CertificateSource::Files {
+                files: CertificateFiles {
+                    cert: dir.path().join("tls.crt"),
+                    key: dir.path().join("tls.key"),
+                },
+                poll: Duration::from_secs(5),
+            },
+            drain_delay: Duration::ZERO,
+            timeouts: Timeouts {
+                body: Duration::from_secs(60),
+                shutdown: Duration::from_millis(500),
+                ..Timeouts::default()
+            },
+        },
+        Policy::embedded(),
+    )
+    .await
+    .unwrap();
+    let mut stalled = raw_tls(&running, &pair).await;
+    stalled
+        .write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    stalled.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), running.shutdown())
+        .await
+        .expect("shutdown ends at its timeout despite the stalled request");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "it did wait for the request first"
+    );
 }
 
 #[tokio::test]

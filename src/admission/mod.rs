@@ -316,7 +316,9 @@ fn scan_body(text: &[u8], limit: usize) -> BodyScan {
             b'"' => {
                 let start = at;
                 loop {
-                    let Some(offset) = memchr::memchr2(b'"', b'\\', &text[at..]) else {
+                    // `at` can be past the end after an escape at the very end of the text.
+                    let rest = text.get(at..).unwrap_or_default();
+                    let Some(offset) = memchr::memchr2(b'"', b'\\', rest) else {
                         return BodyScan::default();
                     };
                     at += offset + 1;
@@ -451,6 +453,36 @@ mod tests {
         assert_eq!(found(r#"{"request": {"obj\u0065ct": {}}}"#), None);
         assert_eq!(found(r#"{"request": {"object": {"a": "#), None);
         assert_eq!(found(r#"{"request": {"nested": {"object": {}}}}"#), None);
+    }
+
+    #[test]
+    fn truncated_bodies_never_panic_the_scan_or_the_review() {
+        let policy = Policy::embedded();
+        let body = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/admission/009-Job-CREATE-mutate.json"
+        ))
+        .unwrap();
+        for text in [
+            &br#"{"a":"\"#[..],
+            br#""\"#,
+            br#"{"request":{"object":"\"#,
+            br"\",
+        ] {
+            assert_eq!(scan_body(text, MAX_DEPTH), BodyScan::default());
+            assert!(review(Webhook::Mutate, text, &policy).is_err());
+        }
+        // Every prefix of a real review, and every single-byte change to a backslash or quote.
+        for end in 0..body.len() {
+            let _ = review(Webhook::Mutate, &body[..end], &policy);
+        }
+        for at in (0..body.len()).step_by(7) {
+            for byte in [b'\\', b'"', b'{', b'}'] {
+                let mut changed = body.clone();
+                changed[at] = byte;
+                let _ = review(Webhook::Mutate, &changed, &policy);
+            }
+        }
     }
 
     #[test]

@@ -178,6 +178,7 @@ pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
         draft.apply(Change::SetActiveDeadlineSeconds(deadline));
     }
 
+    dedup_in_place(&mut draft.warnings);
     if draft.changes.is_empty() {
         return Outcome {
             job: draft.job,
@@ -196,7 +197,7 @@ pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
     if let Some(first) = violations.first() {
         let mut warnings = draft.warnings;
         warnings.push(format!(
-            "gpu-guard left this Job unchanged: the API server would reject the result ({first})"
+            "Job left unchanged, the API server would reject the result: {first}"
         ));
         return Outcome {
             job: job.clone(),
@@ -231,6 +232,12 @@ pub fn template_as_job(template: &JobTemplateSpec) -> Job {
 /// Whether an object's metadata says `gpu-guard.io/skip: "true"`.
 pub fn is_skipped(metadata: &ObjectMeta) -> bool {
     has_true(metadata.annotations.as_ref(), SKIP_ANNOTATION)
+}
+
+/// Drops repeated warnings, keeping the first of each.
+fn dedup_in_place(warnings: &mut Vec<String>) {
+    let mut seen = std::collections::BTreeSet::new();
+    warnings.retain(|warning| seen.insert(warning.clone()));
 }
 
 fn has_true(map: Option<&BTreeMap<String, String>>, key: &str) -> bool {

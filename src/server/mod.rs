@@ -41,11 +41,22 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// By default a client must send the request headers within this.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// By default a client must send the whole body within this.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// By default shutdown waits this long for requests in flight, then closes what is left.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a slow client may take before its connection is closed.
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
+    /// The TLS handshake.
     pub handshake: Duration,
+    /// The request headers (HTTP/1.1; HTTP/2 connections are kept honest by keep-alive pings).
     pub headers: Duration,
+    /// The request body, once the headers are in (answered 408).
+    pub body: Duration,
+    /// After the drain delay, how long requests in flight may take before connections close.
+    pub shutdown: Duration,
 }
 
 impl Default for Timeouts {
@@ -53,6 +64,8 @@ impl Default for Timeouts {
         Self {
             handshake: HANDSHAKE_TIMEOUT,
             headers: HEADER_TIMEOUT,
+            body: BODY_TIMEOUT,
+            shutdown: SHUTDOWN_TIMEOUT,
         }
     }
 }
@@ -88,6 +101,7 @@ pub type Reviewer =
 pub struct AppState {
     pub policy: Policy,
     pub reviewer: Reviewer,
+    pub body_timeout: Duration,
     pub ready: AtomicBool,
     pub draining: AtomicBool,
     pub metrics: Metrics,
@@ -105,6 +119,7 @@ impl AppState {
         Arc::new(Self {
             policy,
             reviewer,
+            body_timeout: BODY_TIMEOUT,
             ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             metrics: Metrics::default(),
@@ -141,11 +156,23 @@ async fn validate(State(state): State<Arc<AppState>>, request: Request) -> Respo
 /// Reads the body (within [`MAX_BODY_BYTES`]) and decides; the headers are read in place.
 async fn webhook(webhook: Webhook, state: &AppState, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(body) => handle(webhook, state, &parts.headers, &body),
-        Err(_) => plain(
+    match tokio::time::timeout(
+        state.body_timeout,
+        axum::body::to_bytes(body, MAX_BODY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(body)) => handle(webhook, state, &parts.headers, &body),
+        Ok(Err(_)) => plain(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the body exceeds {MAX_BODY_BYTES} bytes (or was cut off)\n"),
+        ),
+        Err(_) => plain(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the body did not arrive within {} s\n",
+                state.body_timeout.as_secs_f64()
+            ),
         ),
     }
 }
@@ -297,6 +324,7 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
     let state = Arc::new(AppState {
         policy,
         reviewer: admission::review,
+        body_timeout: config.timeouts.body,
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
         metrics,
@@ -322,6 +350,7 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
     let serving_state = state.clone();
     let drain_delay = config.drain_delay;
     let handshake_timeout = config.timeouts.handshake;
+    let shutdown_timeout = config.timeouts.shutdown;
     let task = tokio::spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -329,10 +358,16 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(config.timeouts.headers);
+        // HTTP/2 has no header timeout: pings find dead or stalled peers instead.
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(20)))
+            .keep_alive_timeout(Duration::from_secs(10));
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Ok((stream, _peer)) = accepted else { continue };
+                    let Some(stream) = accepted_or_pause(accepted).await else { continue };
                     spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
                 }
                 () = stopped(&mut shutdown_rx) => {
@@ -346,7 +381,7 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
                         tokio::select! {
                             _ = &mut deadline => break,
                             accepted = listener.accept() => {
-                                let Ok((stream, _peer)) = accepted else { continue };
+                                let Some(stream) = accepted_or_pause(accepted).await else { continue };
                                 spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
                             }
                         }
@@ -356,7 +391,15 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
             }
         }
         drop(listener);
-        graceful.shutdown().await;
+        if tokio::time::timeout(shutdown_timeout, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                timeout_s = shutdown_timeout.as_secs_f64(),
+                "requests still in flight at the shutdown timeout; closing their connections"
+            );
+        }
         if let Some(watcher) = watcher {
             watcher.abort();
         }
@@ -372,6 +415,21 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
         shutdown,
         task,
     })
+}
+
+/// The stream of an accepted connection, or, after an accept error (out of file descriptors,
+/// say), a short pause so the loop does not spin, as axum::serve does.
+async fn accepted_or_pause(
+    accepted: std::io::Result<(tokio::net::TcpStream, SocketAddr)>,
+) -> Option<tokio::net::TcpStream> {
+    match accepted {
+        Ok((stream, _peer)) => Some(stream),
+        Err(error) => {
+            tracing::warn!(%error, "accept failed; pausing 50 ms");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
+    }
 }
 
 async fn stopped(receiver: &mut tokio::sync::watch::Receiver<bool>) {

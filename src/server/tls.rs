@@ -29,6 +29,8 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: a PEM section of the certificate chain does not parse: {message}")]
+    Chain { path: String, message: String },
     #[error("{path}: no PEM certificate found")]
     NoCertificate { path: String },
     #[error("{path}: cannot parse the PEM private key: {message}")]
@@ -46,9 +48,14 @@ pub fn certified_key(
     cert_path: &str,
     key_path: &str,
 ) -> Result<CertifiedKey, TlsError> {
+    // Every section must parse: a chain cut off in the middle of an intermediate (a file
+    // being rewritten) is refused, not served short.
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
-        .filter_map(Result::ok)
-        .collect();
+        .collect::<Result<_, _>>()
+        .map_err(|error| TlsError::Chain {
+            path: cert_path.to_owned(),
+            message: error.to_string(),
+        })?;
     if chain.is_empty() {
         return Err(TlsError::NoCertificate {
             path: cert_path.to_owned(),
@@ -249,4 +256,20 @@ pub fn generate_self_signed(dns_names: &[String]) -> Result<GeneratedPair, TlsEr
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_cut_off_in_its_middle_is_refused_and_a_whole_one_is_taken() {
+        let pair = generate_self_signed(&[]).unwrap();
+        let whole = format!("{}{}", pair.cert_pem, pair.ca_pem);
+        let cut = &whole[..whole.len() - 40];
+        let error = certified_key(cut.as_bytes(), pair.key_pem.as_bytes(), "c", "k").unwrap_err();
+        assert!(matches!(error, TlsError::Chain { .. }), "{error}");
+        let key = certified_key(whole.as_bytes(), pair.key_pem.as_bytes(), "c", "k").unwrap();
+        assert_eq!(key.cert.len(), 2, "leaf and CA");
+    }
 }

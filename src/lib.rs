@@ -21,3 +21,4 @@ pub mod patch;
 pub mod policy;
 pub mod server;
 pub mod yaml;
+pub mod yaml_in;

@@ -5,7 +5,6 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 /// One document of one input.
@@ -105,33 +104,17 @@ pub fn parse(text: &str, source_name: &str) -> (Vec<Document>, Option<InputError
         }
         return (documents, None);
     }
-    for document in serde_norway::Deserializer::from_str(text) {
-        // Through serde_norway's own value first, to resolve `<<` merge keys as kubectl does.
-        let parsed = serde_norway::Value::deserialize(document).and_then(|mut yaml| {
-            yaml.apply_merge()?;
-            Ok(yaml)
+    // YAML as kubectl reads it (YAML 1.1 scalars, anchors, merge keys).
+    let (values, error) = crate::yaml_in::read_documents(text);
+    for value in values {
+        documents.push(Document {
+            source: source_name.to_owned(),
+            index: documents.len(),
+            value,
         });
-        let converted = match parsed {
-            Ok(yaml) => serde_json::to_value(&yaml).map_err(|error| (None, error.to_string())),
-            Err(error) => Err((
-                error.location().map(|l| l.line()),
-                strip_location(&error.to_string()),
-            )),
-        };
-        match converted {
-            Ok(Value::Null) => {}
-            Ok(value) => documents.push(Document {
-                source: source_name.to_owned(),
-                index: documents.len(),
-                value,
-            }),
-            Err((line, message)) => {
-                let error = parse_error(documents.len(), line, message);
-                return (documents, Some(error));
-            }
-        }
     }
-    (documents, None)
+    let error = error.map(|error| parse_error(error.document, Some(error.line), error.message));
+    (documents, error)
 }
 
 fn strip_location(message: &str) -> String {

@@ -1095,3 +1095,22 @@ fn a_second_signal_exits_at_once() {
     server.signal("INT");
     assert_eq!(server.wait(std::time::Duration::from_secs(5)), Some(130));
 }
+
+#[test]
+fn yaml_1_1_numbers_and_booleans_keep_the_values_kubectl_reads() {
+    let path = fixture("yaml11-values.yaml");
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    let documents = yaml_documents(&out.stdout);
+    let pod = &documents[0]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"][0]["configMap"]["defaultMode"], 420,
+        "octal 0644"
+    );
+    assert_eq!(pod["containers"][0]["volumeMounts"][0]["readOnly"], true);
+    assert_device_job_spec(&documents[0]["spec"], &["main"]);
+    assert_eq!(
+        documents[1]["data"]["quoted"], "0644",
+        "a quoted string stays a string"
+    );
+    assert!(out.stdout.contains("quoted: \"0644\""), "{}", out.stdout);
+}

@@ -482,6 +482,34 @@ mod in_process {
         );
     }
 
+    fn internal_error(
+        _: Webhook,
+        _: &[u8],
+        _: &Policy,
+    ) -> Result<admission::Reviewed, admission::ReviewError> {
+        Err(admission::ReviewError::Internal(
+            "the computed patch does not apply".to_owned(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn an_internal_error_is_a_500_so_the_failure_policy_applies() {
+        let state = AppState::with_reviewer(Policy::embedded(), internal_error);
+        let job = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
+        let response = webhook_router(state.clone())
+            .oneshot(request("/mutate", job))
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 500);
+        let count = state.metrics.requests_for(&RequestLabels {
+            webhook: "mutate",
+            kind: "unknown",
+            operation: "unknown",
+            outcome: "error",
+        });
+        assert_eq!(count, 1);
+    }
+
     #[tokio::test]
     async fn requests_are_counted_by_webhook_kind_operation_and_outcome() {
         let state = AppState::new(Policy::embedded());

@@ -60,6 +60,16 @@ pub enum ReviewError {
     MissingUid,
     #[error("request.object is missing on a {0} of a Job or CronJob")]
     MissingObject(String),
+    /// Not the request's fault (HTTP 500, so the webhook's failurePolicy applies).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ReviewError {
+    /// Whether the error is gpu-guard's (500) rather than the request's (400).
+    pub fn is_internal(&self) -> bool {
+        matches!(self, Self::Internal(_))
+    }
 }
 
 /// The parts of an AdmissionReview gpu-guard reads. The object stays JSON text (borrowed from
@@ -103,13 +113,13 @@ pub struct GroupVersionKind {
 
 /// What was decided, for logs and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Decision {
     Allowed,
     Patched,
     Denied,
 }
 
-impl Outcome {
+impl Decision {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Allowed => "allowed",
@@ -123,7 +133,7 @@ impl Outcome {
 #[derive(Debug)]
 pub struct Reviewed {
     pub body: Vec<u8>,
-    pub outcome: Outcome,
+    pub outcome: Decision,
     pub uid: String,
     pub kind: String,
     pub operation: String,
@@ -215,7 +225,7 @@ fn review_parsed(
         allowed: true,
         ..Response::default()
     };
-    let mut outcome = Outcome::Allowed;
+    let mut outcome = Decision::Allowed;
     let mut patch_bytes = 0;
 
     let is_batch = request.kind.group == "batch" && request.kind.version == "v1";
@@ -235,6 +245,9 @@ fn review_parsed(
             {
                 return Err(ReviewError::NotJson(source));
             }
+            Some(Err(error @ ObjectError::PatchDoesNotApply(_))) => {
+                return Err(ReviewError::Internal(error.to_string()));
+            }
             Some(Err(error)) => response.warnings.push(format!("gpu-guard: {error}")),
             Some(Ok(mutation)) => {
                 response.warnings = mutation
@@ -252,7 +265,7 @@ fn review_parsed(
                     response
                         .audit_annotations
                         .insert("mutation".to_owned(), mutation.outcome.summary());
-                    outcome = Outcome::Patched;
+                    outcome = Decision::Patched;
                 }
             }
         }

@@ -252,6 +252,11 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
                 .body(Body::from(reviewed.body))
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
         }
+        Ok(Err(error)) if error.is_internal() => {
+            failed(in_flight);
+            tracing::error!(webhook = webhook.as_str(), %error, "internal error");
+            plain(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"))
+        }
         Ok(Err(error)) => {
             failed(in_flight);
             tracing::warn!(webhook = webhook.as_str(), %error, "bad admission request");

@@ -122,8 +122,13 @@ fn is_plain_safe(s: &str) -> bool {
     let Some(first) = s.chars().next() else {
         return false;
     };
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | '+');
+    let allowed =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | '+' | ':');
     if !(first.is_ascii_alphabetic() || first == '/' || first == '_') || !s.chars().all(allowed) {
+        return false;
+    }
+    // A colon is plain inside a scalar (`image: registry/train:1.0`), but not at its end.
+    if s.ends_with(':') {
         return false;
     }
     if SPECIAL_WORDS.contains(&s.to_ascii_lowercase().as_str()) {
@@ -157,6 +162,8 @@ mod tests {
             "a: b",
             "#x",
             "x #y",
+            "a:",
+            "12:30",
             "true",
             "null",
             "~",
@@ -168,7 +175,7 @@ mod tests {
             "main",
             "nvidia.com/gpu",
             "Never",
-            "registry.example/train",
+            "registry.example/train:1.0",
             "gpu-guard.io/mutated",
             "/dev/termination-log",
         ] {

@@ -376,7 +376,7 @@ async fn certificates_rotate_in_place_and_by_symlink_swap_and_a_broken_pair_is_i
 async fn draining_turns_readiness_false_and_lets_requests_through_until_the_delay_ends() {
     let dir = tempfile::tempdir().unwrap();
     let pair = generate_self_signed(&[]).unwrap();
-    let running = server(dir.path(), &pair, Duration::from_millis(600)).await;
+    let running = server(dir.path(), &pair, Duration::from_secs(2)).await;
     let admin = format!("http://{}", running.admin_addr);
     let plain = reqwest::Client::new();
     assert_eq!(

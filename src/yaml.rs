@@ -102,16 +102,36 @@ fn inline(value: &Value) -> String {
     }
 }
 
-/// A string as a plain scalar when that is unambiguous in YAML 1.1 and 1.2, else JSON-quoted.
+/// A string as a plain scalar when that is unambiguous in YAML 1.1 and 1.2, else double-quoted
+/// with every character outside YAML's printable set (and the line breaks NEL, LS, PS) escaped,
+/// so libyaml-based readers (go-yaml, kubectl) accept it and read the same characters.
 fn string(s: &str) -> String {
     if is_plain_safe(s) {
-        s.to_owned()
-    } else {
-        let mut quoted = String::with_capacity(s.len() + 2);
-        // serde_json's string escaping is valid YAML double-quoted style.
-        let _ = write!(quoted, "{}", Value::String(s.to_owned()));
-        quoted
+        return s.to_owned();
     }
+    let mut quoted = String::with_capacity(s.len() + 2);
+    quoted.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            '\n' => quoted.push_str("\\n"),
+            '\t' => quoted.push_str("\\t"),
+            '\r' => quoted.push_str("\\r"),
+            c if (c as u32) < 0x20
+                || ('\u{7f}'..='\u{9f}').contains(&c)
+                || matches!(
+                    c,
+                    '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}'
+                ) =>
+            {
+                let _ = write!(quoted, "\\u{:04X}", c as u32);
+            }
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
 }
 
 fn is_plain_safe(s: &str) -> bool {
@@ -181,6 +201,19 @@ mod tests {
         ] {
             assert_eq!(string(plain), plain);
         }
+    }
+
+    #[test]
+    fn characters_outside_yamls_printable_set_are_escaped() {
+        let tricky = "a\u{7f}b\u{85}c\u{2028}d\u{9f}e\u{1}f\"g\\h\ti\u{feff}";
+        let value = json!({tricky: tricky});
+        let text = to_string(&value);
+        assert!(text.is_ascii(), "{text}");
+        let back: Value = serde_norway::from_str(&text).unwrap();
+        assert_eq!(back, value, "{text}");
+        let (documents, error) = crate::yaml_in::read_documents(&text);
+        assert_eq!(error, None);
+        assert_eq!(documents, vec![value]);
     }
 
     #[test]

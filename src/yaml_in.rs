@@ -4,8 +4,9 @@
 //! `defaultMode: 0755` is the octal number 493, `readOnly: yes` and `hostIPC: off` are booleans,
 //! `1_000` is a thousand. YAML 1.2 libraries read those as strings or other numbers, and writing
 //! them back would change the manifest. This reader walks yaml-rust2's events and resolves
-//! plain scalars the YAML 1.1 way; quoted and block scalars are strings; anchors, aliases and
-//! `<<` merge keys are resolved. The result is JSON values, one per document.
+//! plain scalars the way go-yaml v2 does; quoted and block scalars are strings; anchors,
+//! aliases and `<<` merge keys (go-yaml v2's order) are resolved; keys become strings as
+//! sigs.k8s.io/yaml makes them. The result is JSON values, one per document.
 
 use std::collections::HashMap;
 
@@ -60,8 +61,6 @@ enum Frame {
         entries: Map<String, Value>,
         /// The key waiting for its value; `None` when the next node is a key.
         key: Option<Key>,
-        /// Values of `<<` keys, merged in at the end (explicit keys win).
-        merges: Vec<Value>,
         anchor: usize,
     },
 }
@@ -87,27 +86,43 @@ impl Builder {
         match self.stack.last_mut() {
             None => self.documents.push(value),
             Some(Frame::Sequence { items, .. }) => items.push(value),
-            Some(Frame::Mapping {
-                entries,
-                key,
-                merges,
-                ..
-            }) => match key.take() {
+            Some(Frame::Mapping { entries, key, .. }) => match key.take() {
                 None => {
-                    *key = Some(match key_text {
-                        Some((text, true)) if text == "<<" => Key::Merge,
-                        Some((text, _)) => Key::Text(text),
-                        // A collection as a key: kubectl would refuse it as JSON; keep its text.
-                        None => Key::Text(value.to_string()),
+                    // Keys resolve like values and become strings, as sigs.k8s.io/yaml
+                    // makes them: `yes:` is "true", `0755:` is "493".
+                    *key = Some(match (key_text, value) {
+                        (Some((text, true)), _) if text == "<<" => Key::Merge,
+                        (_, Value::String(text)) => Key::Text(text),
+                        (_, Value::Bool(flag)) => Key::Text(flag.to_string()),
+                        (_, Value::Number(number)) => Key::Text(number.to_string()),
+                        (_, Value::Null) => {
+                            self.error
+                                .get_or_insert((marker.line(), "a null mapping key".to_owned()));
+                            Key::Text(String::new())
+                        }
+                        (_, collection) => {
+                            self.error.get_or_insert((
+                                marker.line(),
+                                "a mapping or list as a mapping key cannot be JSON".to_owned(),
+                            ));
+                            Key::Text(collection.to_string())
+                        }
                     });
                 }
                 Some(Key::Text(name)) => {
                     entries.insert(name, value);
                 }
+                // go-yaml v2 merges where `<<` stands: it overwrites keys written before it,
+                // keys after it overwrite the merged ones, and of several sources the first
+                // wins (they are applied last to first).
                 Some(Key::Merge) => match value {
-                    Value::Object(_) => merges.push(value),
+                    Value::Object(source) => entries.extend(source),
                     Value::Array(sources) if sources.iter().all(Value::is_object) => {
-                        merges.extend(sources);
+                        for source in sources.into_iter().rev() {
+                            if let Value::Object(source) = source {
+                                entries.extend(source);
+                            }
+                        }
                     }
                     _ => {
                         self.error.get_or_insert((
@@ -151,27 +166,14 @@ impl MarkedEventReceiver for Builder {
             Event::MappingStart(anchor, _) => self.stack.push(Frame::Mapping {
                 entries: Map::new(),
                 key: None,
-                merges: Vec::new(),
                 anchor,
             }),
             Event::SequenceEnd | Event::MappingEnd => {
                 let (value, anchor) = match self.stack.pop() {
                     Some(Frame::Sequence { items, anchor }) => (Value::Array(items), anchor),
                     Some(Frame::Mapping {
-                        mut entries,
-                        merges,
-                        anchor,
-                        ..
-                    }) => {
-                        for source in merges {
-                            if let Value::Object(source) = source {
-                                for (name, value) in source {
-                                    entries.entry(name).or_insert(value);
-                                }
-                            }
-                        }
-                        (Value::Object(entries), anchor)
-                    }
+                        entries, anchor, ..
+                    }) => (Value::Object(entries), anchor),
                     None => return,
                 };
                 self.anchored(anchor, &value);
@@ -215,59 +217,97 @@ fn resolve_plain(text: &str) -> Value {
         }
         _ => {}
     }
-    if let Some(number) = yaml11_int(text) {
+    match text.as_bytes().first() {
+        Some(b'0'..=b'9' | b'-' | b'+' | b'.') => {}
+        _ => return Value::String(text.to_owned()),
+    }
+    // go-yaml v2: drop underscores, then Go's ParseInt(s, 0, 64), ParseUint, then its float
+    // pattern. A float with no fraction is a whole number once sigs.k8s.io/yaml turns it into
+    // JSON (Go writes float64 10 as `10`), so it is stored as one.
+    let cleaned: String = text.chars().filter(|c| *c != '_').collect();
+    if let Some(number) = go_int(&cleaned) {
         return Value::Number(number);
     }
-    if let Some(number) = yaml11_float(text) {
-        return Value::Number(number);
+    if is_go_yaml_float(&cleaned)
+        && let Ok(float) = cleaned.parse::<f64>()
+        && float.is_finite()
+    {
+        if float.fract() == 0.0 && float.abs() < 9.0e15 {
+            // Exactly representable: the integer Go would print.
+            return Value::Number(Number::from(float as i64));
+        }
+        if let Some(number) = Number::from_f64(float) {
+            return Value::Number(number);
+        }
     }
     Value::String(text.to_owned())
 }
 
-fn yaml11_int(text: &str) -> Option<Number> {
-    let (negative, digits) = match text.as_bytes().first()? {
+/// Go's `strconv.ParseInt(s, 0, 64)` and `ParseUint(s, 0, 64)`: a sign, then `0x`/`0X`,
+/// `0b`/`0B`, `0o`/`0O` or a leading `0` for octal, else decimal.
+fn go_int(text: &str) -> Option<Number> {
+    let (negative, unsigned) = match text.as_bytes().first()? {
         b'-' => (true, &text[1..]),
         b'+' => (false, &text[1..]),
         _ => (false, text),
     };
-    let cleaned: String = digits.chars().filter(|c| *c != '_').collect();
-    if cleaned.is_empty() || digits.starts_with('_') {
-        return None;
-    }
-    let (radix, body) = if let Some(binary) = cleaned.strip_prefix("0b") {
-        (2, binary)
-    } else if let Some(hex) = cleaned.strip_prefix("0x") {
-        (16, hex)
-    } else if cleaned.len() > 1 && cleaned.starts_with('0') {
-        (8, &cleaned[1..])
-    } else {
-        (10, cleaned.as_str())
+    let lower = unsigned.get(..2).map(str::to_ascii_lowercase);
+    let (radix, digits) = match lower.as_deref() {
+        Some("0x") => (16, &unsigned[2..]),
+        Some("0b") => (2, &unsigned[2..]),
+        Some("0o") => (8, &unsigned[2..]),
+        _ if unsigned.len() > 1 && unsigned.starts_with('0') => (8, &unsigned[1..]),
+        _ => (10, unsigned),
     };
-    if body.is_empty() || !body.chars().all(|c| c.is_digit(radix)) {
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
         return None;
     }
-    let magnitude = i128::from_str_radix(body, radix).ok()?;
-    let value = if negative { -magnitude } else { magnitude };
-    if let Ok(small) = i64::try_from(value) {
-        Some(Number::from(small))
+    let magnitude = u128::from_str_radix(digits, radix).ok()?;
+    if negative {
+        let value = i64::try_from(magnitude)
+            .ok()
+            .map(|m| -m)
+            .or_else(|| (magnitude == 1u128 << 63).then_some(i64::MIN))?;
+        Some(Number::from(value))
+    } else if let Ok(value) = i64::try_from(magnitude) {
+        Some(Number::from(value))
     } else {
-        u64::try_from(value).ok().map(Number::from)
+        u64::try_from(magnitude).ok().map(Number::from)
     }
 }
 
-fn yaml11_float(text: &str) -> Option<Number> {
-    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
-    let bytes = digits.as_bytes();
-    let starts_ok = bytes.first().is_some_and(|b| b.is_ascii_digit())
-        || (bytes.first() == Some(&b'.') && bytes.get(1).is_some_and(u8::is_ascii_digit));
-    let allowed = digits
-        .chars()
-        .all(|c| c.is_ascii_digit() || matches!(c, '.' | '_' | 'e' | 'E' | '-' | '+'));
-    if !starts_ok || !allowed || !digits.contains(['.', 'e', 'E']) {
-        return None;
+/// go-yaml v2's float pattern: `^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$`.
+fn is_go_yaml_float(text: &str) -> bool {
+    let bytes = text.strip_prefix(['-', '+']).unwrap_or(text).as_bytes();
+    let digits = |from: usize| {
+        bytes[from..]
+            .iter()
+            .position(|b| !b.is_ascii_digit())
+            .map_or(bytes.len(), |offset| from + offset)
+    };
+    let mut at = digits(0);
+    let integer_digits = at;
+    if bytes.get(at) == Some(&b'.') {
+        let after = digits(at + 1);
+        if integer_digits == 0 && after == at + 1 {
+            return false; // `.` alone or `.e5`
+        }
+        at = after;
+    } else if integer_digits == 0 {
+        return false;
     }
-    let cleaned: String = text.chars().filter(|c| *c != '_').collect();
-    cleaned.parse::<f64>().ok().and_then(Number::from_f64)
+    if matches!(bytes.get(at), Some(b'e' | b'E')) {
+        let mut exponent = at + 1;
+        if matches!(bytes.get(exponent), Some(b'-' | b'+')) {
+            exponent += 1;
+        }
+        let end = digits(exponent);
+        if end == exponent {
+            return false;
+        }
+        at = end;
+    }
+    at == bytes.len()
 }
 
 #[cfg(test)]
@@ -286,15 +326,17 @@ mod tests {
     fn plain_scalars_resolve_as_kubectl_resolves_them() {
         let value = one(
             "mode: 0755\nhex: 0x1F\nbin: 0b101\nbig: 1_000\nneg: -12\nf: 1.5\ne: 1e3\n\
-             y: yes\nn: off\nt: true\nz: ~\nempty:\nname: main\nver: 1.2.3\noct8: 0o17\n\
-             date: 2026-01-01\nq: \"0755\"\ns: 'yes'\nlit: |\n  on\n",
+             yy: yes\nnn: off\nt: true\nz: ~\nempty:\nname: main\nver: 1.2.3\noct8: 0o17\n\
+             date: 2026-01-01\nq: \"0755\"\ns: 'yes'\nlit: |\n  on\n\
+             whole: 1.0\nHEX: 0X1F\neight: 08\nu: 18446744073709551615\nneg_u: -_1\nhalf: .5\n",
         );
         assert_eq!(
             value,
-            json!({"mode": 493, "hex": 31, "bin": 5, "big": 1000, "neg": -12, "f": 1.5, "e": 1000.0,
-                   "y": true, "n": false, "t": true, "z": null, "empty": null, "name": "main",
-                   "ver": "1.2.3", "oct8": "0o17", "date": "2026-01-01", "q": "0755", "s": "yes",
-                   "lit": "on\n"})
+            json!({"mode": 493, "hex": 31, "bin": 5, "big": 1000, "neg": -12, "f": 1.5, "e": 1000,
+                   "yy": true, "nn": false, "t": true, "z": null, "empty": null, "name": "main",
+                   "ver": "1.2.3", "oct8": 15, "date": "2026-01-01", "q": "0755", "s": "yes",
+                   "lit": "on\n", "whole": 1, "HEX": 31, "eight": 8, "u": 18446744073709551615u64,
+                   "neg_u": -1, "half": 0.5})
         );
     }
 
@@ -302,16 +344,32 @@ mod tests {
     fn anchors_aliases_and_merge_keys() {
         let value = one(
             "base: &gpu\n  limits: {nvidia.com/gpu: 1}\n  requests: {cpu: 1}\n\
-             a: *gpu\nb:\n  <<: *gpu\n  requests: {cpu: 2}\nc:\n  <<: [{x: 1}, {x: 2, y: 2}]\n",
+             a: *gpu\nb:\n  <<: *gpu\n  requests: {cpu: 2}\nc:\n  <<: [{x: 1}, {x: 2, w: 2}]\n",
         );
         assert_eq!(value["a"], value["base"]);
         assert_eq!(value["b"]["limits"], json!({"nvidia.com/gpu": 1}));
         assert_eq!(
             value["b"]["requests"],
             json!({"cpu": 2}),
-            "explicit keys win"
+            "keys after << win"
         );
-        assert_eq!(value["c"], json!({"x": 1, "y": 2}), "earlier sources win");
+        assert_eq!(value["c"], json!({"x": 1, "w": 2}), "earlier sources win");
+        let before = one("b:\n  x: 1\n  <<: {x: 2}\n");
+        assert_eq!(
+            before["b"]["x"], 2,
+            "<< overwrites keys written before it, as go-yaml v2"
+        );
+    }
+
+    #[test]
+    fn keys_become_strings_as_sigs_k8s_io_yaml_makes_them() {
+        let value = one("data:\n  yes: a\n  0755: b\n  1.10: c\n  'y': d\n");
+        assert_eq!(
+            value["data"],
+            json!({"true": "a", "493": "b", "1.1": "c", "y": "d"})
+        );
+        let (_, error) = read_documents("a:\n  ~: 1\n");
+        assert!(error.unwrap().message.contains("null mapping key"));
     }
 
     #[test]

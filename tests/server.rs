@@ -725,6 +725,17 @@ async fn shutdown_does_not_wait_for_ever_on_a_stalled_request() {
         started.elapsed() >= Duration::from_millis(400),
         "it did wait for the request first"
     );
+    // And the stalled connection is closed, not left running.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::io::AsyncReadExt::read_to_end(&mut stalled, &mut rest),
+    )
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the stalled connection was closed at the shutdown timeout"
+    );
 }
 
 #[tokio::test]

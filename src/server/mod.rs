@@ -358,6 +358,8 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
     let shutdown_timeout = config.timeouts.shutdown;
     let task = tokio::spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        // Every connection task, so the ones still open at the shutdown timeout can be ended.
+        let mut connections = tokio::task::JoinSet::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -373,7 +375,7 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
             tokio::select! {
                 accepted = listener.accept() => {
                     let Some(stream) = accepted_or_pause(accepted).await else { continue };
-                    spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
+                    spawn_connection(&mut connections, stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
                 }
                 () = stopped(&mut shutdown_rx) => {
                     serving_state.draining.store(true, Ordering::Relaxed);
@@ -387,7 +389,7 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
                             _ = &mut deadline => break,
                             accepted = listener.accept() => {
                                 let Some(stream) = accepted_or_pause(accepted).await else { continue };
-                                spawn_connection(stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
+                                spawn_connection(&mut connections, stream, &acceptor, &router, &builder, graceful.watcher(), handshake_timeout);
                             }
                         }
                     }
@@ -402,9 +404,13 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
         {
             tracing::warn!(
                 timeout_s = shutdown_timeout.as_secs_f64(),
+                open = connections.len(),
                 "requests still in flight at the shutdown timeout; closing their connections"
             );
         }
+        // What is left: connections past the timeout, and handshakes not yet finished.
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
         if let Some(watcher) = watcher {
             watcher.abort();
         }
@@ -454,6 +460,7 @@ pub enum StartError {
 /// One TLS connection: handshake within `handshake_timeout`, then HTTP/1.1 or HTTP/2 until
 /// the client closes it or the server shuts down gracefully.
 fn spawn_connection(
+    connections: &mut tokio::task::JoinSet<()>,
     stream: tokio::net::TcpStream,
     acceptor: &TlsAcceptor,
     router: &Router,
@@ -464,7 +471,9 @@ fn spawn_connection(
     let acceptor = acceptor.clone();
     let service = TowerToHyperService::new(router.clone());
     let builder = builder.clone();
-    tokio::spawn(async move {
+    // Reap the finished ones so the set stays as small as the open connections.
+    while connections.try_join_next().is_some() {}
+    connections.spawn(async move {
         let Ok(Ok(tls)) = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
         else {
             return;

@@ -77,29 +77,6 @@ pub fn dns_subdomain_errors(value: &str) -> Vec<String> {
     errors
 }
 
-/// Checks a DNS-1123 label (a container name, a namespace name): at most 63 characters.
-pub fn dns_label_errors(value: &str) -> Vec<String> {
-    if value.len() > 63 {
-        return vec!["must be no more than 63 characters".to_owned()];
-    }
-    let bytes = value.as_bytes();
-    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let valid = bytes.first().is_some_and(edge)
-        && bytes.last().is_some_and(edge)
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
-    if valid {
-        Vec::new()
-    } else {
-        vec![
-            "must be a lowercase RFC 1123 label: lower case alphanumeric characters or '-', \
-             starting and ending with an alphanumeric character (e.g. 'my-name')"
-                .to_owned(),
-        ]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,13 +111,5 @@ mod tests {
             );
         }
         assert!(!qualified_name_errors(&"x".repeat(64)).is_empty());
-    }
-
-    #[test]
-    fn dns_labels() {
-        assert!(dns_label_errors("trainer-0").is_empty());
-        assert!(!dns_label_errors("Trainer").is_empty());
-        assert!(!dns_label_errors("").is_empty());
-        assert!(!dns_label_errors(&"a".repeat(64)).is_empty());
     }
 }

@@ -2,7 +2,6 @@
 //! of the first error), then every semantic rule at once, each reported with the line of the
 //! field it is about.
 
-use std::fmt;
 use std::path::Path;
 
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
@@ -74,12 +73,6 @@ fn render(file: &str, problems: &[PolicyProblem]) -> String {
     let count = problems.len();
     let noun = if count == 1 { "problem" } else { "problems" };
     format!("invalid policy ({count} {noun}):\n  {}", lines.join("\n  "))
-}
-
-impl fmt::Display for PolicyProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
 }
 
 /// Reads and validates a policy file.

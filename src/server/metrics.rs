@@ -138,15 +138,17 @@ pub struct InFlight<'a> {
 }
 
 impl InFlight<'_> {
-    /// Records the request's outcome and latency.
-    pub fn finish(self, labels: RequestLabels) {
+    /// Records the request's outcome and latency, and returns the latency (for the log).
+    pub fn finish(self, labels: RequestLabels) -> std::time::Duration {
+        let latency = self.started.elapsed();
         self.metrics
             .latency
             .get_or_create(&WebhookLabels {
                 webhook: labels.webhook,
             })
-            .observe(self.started.elapsed().as_secs_f64());
+            .observe(latency.as_secs_f64());
         self.metrics.requests.get_or_create(&labels).inc();
+        latency
     }
 }
 

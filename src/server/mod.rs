@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -199,7 +199,6 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 }
 
 fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) -> Response {
-    let started = Instant::now();
     let in_flight = state.metrics.in_flight();
     let failed = |in_flight: metrics::InFlight<'_>| {
         in_flight.finish(RequestLabels {
@@ -228,7 +227,7 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
             if reviewed.patch_bytes > 0 {
                 state.metrics.patches.inc();
             }
-            in_flight.finish(RequestLabels {
+            let latency = in_flight.finish(RequestLabels {
                 webhook: webhook.as_str(),
                 kind: metrics::kind_label(&reviewed.kind),
                 operation: metrics::operation_label(&reviewed.operation),
@@ -243,7 +242,7 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
                 operation = %reviewed.operation,
                 outcome = reviewed.outcome.as_str(),
                 patch_bytes = reviewed.patch_bytes,
-                latency_us = started.elapsed().as_micros() as u64,
+                latency_us = latency.as_micros() as u64,
                 "admission review"
             );
             Response::builder()

@@ -11,7 +11,9 @@
 
 pub mod admission;
 pub mod cli;
+pub mod cluster;
 pub mod field;
+pub mod guard;
 pub mod job_view;
 pub mod manifest;
 pub mod mutate;

@@ -13,12 +13,17 @@
 //! assert!(!policy.devices.is_device_resource("cpu"));
 //! ```
 
+mod guard;
 mod load;
 mod validate;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use guard::{
+    ExemptWorkload, Exemptions, GpuNodeLabel, Guard, GuardMode, MinimumPriority, OfflineCluster,
+    OfflinePriorityClass,
+};
 pub use load::{PolicyError, PolicyProblem, load, parse};
 
 /// The `apiVersion` a policy file declares.
@@ -43,6 +48,8 @@ pub struct Policy {
     pub devices: DeviceResources,
     /// What the mutating webhook and `gpu-guard mutate` add to device Jobs.
     pub mutation: Mutation,
+    /// What the validating webhook and `gpu-guard check` allow on GPU nodes.
+    pub guard: Guard,
 }
 
 impl Default for Policy {
@@ -52,6 +59,7 @@ impl Default for Policy {
             kind: KIND.to_owned(),
             devices: DeviceResources::default(),
             mutation: Mutation::default(),
+            guard: Guard::default(),
         }
     }
 }

@@ -1,0 +1,1 @@
+//! kube-rs reflectors for PriorityClasses and Nodes behind a read-only [`crate::guard::ClusterView`].

@@ -1,0 +1,103 @@
+//! What the guard may know of the cluster: a read-only view, passed in as an argument. The
+//! server backs it with reflector caches ([`crate::cluster`]); `serve --no-cluster` and
+//! `gpu-guard check` with [`StaticView`] (policy file, flags, manifests).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::policy::OfflineCluster;
+
+/// The built-in PriorityClasses every cluster has, known without one.
+pub const BUILT_IN_PRIORITY_CLASSES: [(&str, i32); 2] = [
+    ("system-cluster-critical", 2_000_000_000),
+    ("system-node-critical", 2_000_001_000),
+];
+
+/// What the view knows of a node.
+#[derive(Clone, Debug)]
+pub enum KnownNode {
+    /// The Node object (from the cache: labels, capacity and taints at least).
+    Object(Arc<Node>),
+    /// Listed as a GPU node in the policy file (`guard.offline.gpuNodes`).
+    ListedGpuNode,
+}
+
+/// A read-only view of the cluster. Implementations answer from memory: no API call.
+pub trait ClusterView: Send + Sync {
+    /// Whether the view is complete (its caches have listed once). A name the view does not
+    /// know is a finding only in a synced view; in an unsynced one it is an internal error.
+    fn synced(&self) -> bool;
+    /// The value of the PriorityClass `name`, if known (built-in classes included).
+    fn priority_class(&self, name: &str) -> Option<i32>;
+    /// The PriorityClass with `globalDefault: true` (name and value), if there is one.
+    fn global_default_priority_class(&self) -> Option<(String, i32)>;
+    /// The node `name`, if known.
+    fn node(&self, name: &str) -> Option<KnownNode>;
+}
+
+/// A view built from the policy file, `--priority-class` flags and objects found in
+/// manifests: always synced.
+#[derive(Clone, Debug, Default)]
+pub struct StaticView {
+    classes: BTreeMap<String, (i32, bool)>,
+    gpu_nodes: Vec<String>,
+    nodes: BTreeMap<String, Arc<Node>>,
+}
+
+impl StaticView {
+    /// The built-in classes and the `guard.offline` section of the policy file.
+    pub fn from_policy(offline: &OfflineCluster) -> Self {
+        let mut view = Self::default();
+        for (name, value) in BUILT_IN_PRIORITY_CLASSES {
+            view.add_priority_class(name, value, false);
+        }
+        for class in &offline.priority_classes {
+            view.add_priority_class(&class.name, class.value, class.global_default);
+        }
+        view.gpu_nodes = offline.gpu_nodes.clone();
+        view
+    }
+
+    /// Adds (or replaces) a PriorityClass.
+    pub fn add_priority_class(&mut self, name: &str, value: i32, global_default: bool) {
+        self.classes
+            .insert(name.to_owned(), (value, global_default));
+    }
+
+    /// Adds (or replaces) a Node object.
+    pub fn add_node(&mut self, node: Node) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        self.nodes.insert(name, Arc::new(node));
+    }
+}
+
+impl ClusterView for StaticView {
+    fn synced(&self) -> bool {
+        true
+    }
+
+    fn priority_class(&self, name: &str) -> Option<i32> {
+        self.classes.get(name).map(|(value, _)| *value)
+    }
+
+    fn global_default_priority_class(&self) -> Option<(String, i32)> {
+        // Like the API server's Priority plugin: with several defaults, the lowest value wins.
+        self.classes
+            .iter()
+            .filter(|(_, (_, global_default))| *global_default)
+            .min_by_key(|(_, (value, _))| *value)
+            .map(|(name, (value, _))| (name.clone(), *value))
+    }
+
+    fn node(&self, name: &str) -> Option<KnownNode> {
+        if let Some(node) = self.nodes.get(name) {
+            return Some(KnownNode::Object(node.clone()));
+        }
+        self.gpu_nodes
+            .iter()
+            .any(|listed| listed == name)
+            .then_some(KnownNode::ListedGpuNode)
+    }
+}

@@ -77,6 +77,33 @@ pub fn dns_subdomain_errors(value: &str) -> Vec<String> {
     errors
 }
 
+/// Checks a DNS-1123 label (a namespace name): lower case alphanumerics and '-', at most 63.
+pub fn dns_label_errors(value: &str) -> Vec<String> {
+    if value.len() > 63 || value.contains('.') || !dns_subdomain_errors(value).is_empty() {
+        vec![
+            "must be a lowercase RFC 1123 label: at most 63 lower case alphanumeric characters \
+             or '-', starting and ending with an alphanumeric character (e.g. 'my-name')"
+                .to_owned(),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Checks a label value: empty, or at most 63 alphanumerics, '-', '_' or '.', starting and
+/// ending with an alphanumeric character.
+pub fn label_value_errors(value: &str) -> Vec<String> {
+    if value.is_empty() || (value.len() <= 63 && is_qualified_name_part(value)) {
+        Vec::new()
+    } else {
+        vec![
+            "a label value must be at most 63 alphanumeric characters, '-', '_' or '.', \
+             starting and ending with an alphanumeric character (e.g. 'true', 'A100')"
+                .to_owned(),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +138,19 @@ mod tests {
             );
         }
         assert!(!qualified_name_errors(&"x".repeat(64)).is_empty());
+    }
+
+    #[test]
+    fn labels_and_label_values() {
+        assert!(dns_label_errors("team-a").is_empty());
+        for bad in ["", "Team", "a.b", "-a", &"a".repeat(64)] {
+            assert!(!dns_label_errors(bad).is_empty(), "{bad:?}");
+        }
+        for good in ["", "true", "A100", "p4d.24xlarge", "NVIDIA-A100-SXM4-80GB"] {
+            assert!(label_value_errors(good).is_empty(), "{good:?}");
+        }
+        for bad in ["has space", "-x", "x.", &"a".repeat(64)] {
+            assert!(!label_value_errors(bad).is_empty(), "{bad:?}");
+        }
     }
 }

@@ -1,6 +1,565 @@
-//! PURE: the GPU-node priority guard. A workload (a Pod or a pod template) and a read-only
-//! [`ClusterView`] in, a [`Verdict`] out. No IO, no async.
+//! PURE: the GPU-node priority guard. A [`Workload`] (a Pod or a pod template) and a read-only
+//! [`ClusterView`] in, a [`Verdict`] out. No IO, no async: the webhook and `gpu-guard check`
+//! call [`judge`] and cannot disagree.
+//!
+//! A workload **targets GPU nodes** when a container or init container requests or limits a
+//! device, a toleration tolerates a GPU node taint (an `Exists` toleration without a key
+//! tolerates every taint), `nodeSelector` or a required node-affinity term selects a GPU node
+//! label (or names a GPU node in `matchFields`), or `spec.nodeName` names a GPU node. It must
+//! then reach `minimumPriority.withDevice` when it uses a device, `withoutDevice` otherwise.
+//! Every reason is reported at once, each with its field and the fix.
 
+mod input;
 mod view;
 
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Write as _;
+
+use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement};
+
+pub use input::{
+    AffinityView, ContainerView, DecodeError, GuardedKind, Metadata, NodeAffinityView,
+    OwnerReference, PodSpecView, ResourcesView, Workload,
+};
 pub use view::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode, StaticView};
+
+use crate::field::FieldPath;
+use crate::policy::{DeviceResources, Guard, GuardMode};
+
+/// The annotation the kubelet puts on mirror pods of static pods: denying one would not stop
+/// the static pod, so they are not judged.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// The guard's answer for one workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to object to.
+    Allowed(Allowed),
+    /// The workload targets GPU nodes below its minimum priority; `mode` says what to do.
+    Violation(Violation),
+}
+
+/// Why a workload is allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Allowed {
+    /// `guard.enabled` is false.
+    Disabled,
+    /// It does not target GPU nodes.
+    NotTargetingGpuNodes,
+    /// It targets GPU nodes with enough priority.
+    PriorityMet { priority: i32, minimum: i32 },
+    /// An exemption of the policy file applies (which one).
+    Exempt(String),
+}
+
+/// A workload that targets GPU nodes below its minimum priority.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// What to do about it (the policy's mode for the namespace).
+    pub mode: GuardMode,
+    /// `Kind namespace/name`.
+    pub subject: String,
+    /// Every reason the workload targets GPU nodes.
+    pub targets: Vec<Target>,
+    /// Whether a container requests or limits a device (which minimum applies).
+    pub uses_device: bool,
+    /// The priority found, or why none could be found.
+    pub priority: Priority,
+    /// The minimum that applies.
+    pub minimum: i32,
+    /// Where `priorityClassName` goes.
+    pub class_path: FieldPath,
+}
+
+/// One reason a workload targets GPU nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The field, e.g. `spec.template.spec.tolerations[0]`.
+    pub path: FieldPath,
+    /// What it does, e.g. `tolerates the GPU node taint nvidia.com/gpu`.
+    pub what: String,
+    /// How to stop it, e.g. `remove the nvidia.com/gpu toleration`.
+    pub undo: String,
+    /// Whether this is a device request (not undone by the fix that lowers the minimum).
+    pub device: bool,
+}
+
+/// The effective priority of a workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// A value, and where it came from (`spec.priority`, `PriorityClass "x"`, ...).
+    Known { value: i32, source: String },
+    /// `priorityClassName` names a class the cluster does not have.
+    UnknownClass(String),
+}
+
+/// Why the guard could not decide (HTTP 500: the webhook's failurePolicy applies).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the cluster cache has not synced yet, so {0} is unknown; retry shortly")]
+pub struct NotSynced(pub String);
+
+/// Judges one workload of `kind` in `namespace` (the request's namespace: a Pod's metadata may
+/// not carry it yet).
+pub fn judge(
+    kind: GuardedKind,
+    namespace: &str,
+    workload: &Workload,
+    guard: &Guard,
+    devices: &DeviceResources,
+    view: &dyn ClusterView,
+) -> Result<Verdict, NotSynced> {
+    if !guard.enabled {
+        return Ok(Verdict::Allowed(Allowed::Disabled));
+    }
+    if let Some(exemption) = exemption(kind, namespace, &workload.metadata, guard) {
+        return Ok(Verdict::Allowed(Allowed::Exempt(exemption)));
+    }
+    let spec = &workload.spec;
+    let spec_path = kind.spec_path();
+    let targets = targets(&spec_path, spec, guard, devices, view)?;
+    if targets.is_empty() {
+        return Ok(Verdict::Allowed(Allowed::NotTargetingGpuNodes));
+    }
+    if let Some(class) = spec.priority_class_name.as_deref()
+        && guard.exemptions.priority_classes.iter().any(|c| c == class)
+    {
+        return Ok(Verdict::Allowed(Allowed::Exempt(format!(
+            "priority class {class:?} is exempt"
+        ))));
+    }
+    let uses_device = targets.iter().any(|target| target.device);
+    let minimum = if uses_device {
+        guard.minimum_priority.with_device
+    } else {
+        guard.minimum_priority.without_device
+    };
+    let priority = priority(kind, spec, view)?;
+    if let Priority::Known { value, .. } = priority
+        && value >= minimum
+    {
+        return Ok(Verdict::Allowed(Allowed::PriorityMet {
+            priority: value,
+            minimum,
+        }));
+    }
+    let name = workload.metadata.display_name();
+    Ok(Verdict::Violation(Violation {
+        mode: guard.mode_for(namespace),
+        subject: if namespace.is_empty() {
+            format!("{} {name}", kind.as_str())
+        } else {
+            format!("{} {namespace}/{name}", kind.as_str())
+        },
+        targets,
+        uses_device,
+        priority,
+        minimum,
+        class_path: spec_path.child("priorityClassName"),
+    }))
+}
+
+/// The exemption that applies, described, if any.
+fn exemption(
+    kind: GuardedKind,
+    namespace: &str,
+    metadata: &Metadata,
+    guard: &Guard,
+) -> Option<String> {
+    let exemptions = &guard.exemptions;
+    if exemptions.namespaces.iter().any(|n| n == namespace) {
+        return Some(format!("namespace {namespace:?} is exempt"));
+    }
+    if kind == GuardedKind::Pod && metadata.annotation(MIRROR_POD_ANNOTATION).is_some() {
+        return Some("mirror pod of a static pod".to_owned());
+    }
+    let name = metadata.name.as_deref().unwrap_or_default();
+    let matches = |kind: &str, name: &str| {
+        exemptions.workloads.iter().find(|w| {
+            w.namespace == namespace
+                && w.name == name
+                && w.kind.as_deref().is_none_or(|k| k == kind)
+        })
+    };
+    if let Some(workload) = matches(kind.as_str(), name) {
+        return Some(format!(
+            "workload {}/{} is exempt",
+            workload.namespace, name
+        ));
+    }
+    // A pod is exempt with its controller: a DaemonSet or StatefulSet owns its pods directly,
+    // a Deployment through a ReplicaSet named `<deployment>-<pod-template-hash>`.
+    let owner = metadata.controller()?;
+    if let Some(workload) = matches(&owner.kind, &owner.name) {
+        return Some(format!(
+            "its {} {}/{} is exempt",
+            owner.kind, workload.namespace, owner.name
+        ));
+    }
+    if owner.kind == "ReplicaSet"
+        && let Some(hash) = metadata.label("pod-template-hash")
+        && let Some(deployment) = owner
+            .name
+            .strip_suffix(hash)
+            .and_then(|rest| rest.strip_suffix('-'))
+        && let Some(workload) = matches("Deployment", deployment)
+    {
+        return Some(format!(
+            "its Deployment {}/{deployment} is exempt",
+            workload.namespace
+        ));
+    }
+    None
+}
+
+/// Every reason the pod spec at `spec_path` targets GPU nodes, in field order.
+fn targets(
+    spec_path: &FieldPath,
+    spec: &PodSpecView,
+    guard: &Guard,
+    devices: &DeviceResources,
+    view: &dyn ClusterView,
+) -> Result<Vec<Target>, NotSynced> {
+    let mut found = Vec::new();
+    for (list, containers) in [
+        ("containers", &spec.containers),
+        ("initContainers", &spec.init_containers),
+    ] {
+        for (index, container) in containers.iter().flatten().enumerate() {
+            let Some(resources) = &container.resources else {
+                continue;
+            };
+            for (field, names) in [
+                ("limits", &resources.limits),
+                ("requests", &resources.requests),
+            ] {
+                let Some(resource) = names
+                    .iter()
+                    .flatten()
+                    .map(|(name, _)| name)
+                    .find(|name| devices.is_device_resource(name))
+                else {
+                    continue;
+                };
+                found.push(Target {
+                    path: spec_path
+                        .child(list)
+                        .index(index)
+                        .child("resources")
+                        .child(field)
+                        .key(resource),
+                    what: format!("container {:?} uses the device {resource}", container.name),
+                    undo: format!("drop the {resource} request"),
+                    device: true,
+                });
+                break; // one reason per container is enough
+            }
+        }
+    }
+    for (index, toleration) in spec.tolerations.iter().flatten().enumerate() {
+        let key = toleration.key.as_deref().unwrap_or_default();
+        let operator = toleration.operator.as_deref().unwrap_or("Equal");
+        let path = spec_path.child("tolerations").index(index);
+        if key.is_empty() && operator == "Exists" {
+            found.push(Target {
+                path,
+                what: "tolerates every taint (operator Exists without a key), GPU taints included"
+                    .to_owned(),
+                undo: "replace the tolerate-everything toleration with the taints it needs"
+                    .to_owned(),
+                device: false,
+            });
+        } else if guard.gpu_node_taints.iter().any(|taint| taint == key) {
+            found.push(Target {
+                path,
+                what: format!("tolerates the GPU node taint {key}"),
+                undo: format!("remove the {key} toleration"),
+                device: false,
+            });
+        }
+    }
+    for (key, value) in spec.node_selector.iter().flatten() {
+        if guard
+            .gpu_node_labels
+            .iter()
+            .any(|label| label.key == *key && label.marks(value))
+        {
+            found.push(Target {
+                path: spec_path.child("nodeSelector").key(key),
+                what: format!("selects the GPU node label {key}={value}"),
+                undo: format!("remove the {key} node selector"),
+                device: false,
+            });
+        }
+    }
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|affinity| affinity.node_affinity.as_ref())
+        .and_then(|node_affinity| node_affinity.required.as_ref());
+    if let Some(required) = required {
+        let terms_path = spec_path
+            .child("affinity")
+            .child("nodeAffinity")
+            .child("requiredDuringSchedulingIgnoredDuringExecution")
+            .child("nodeSelectorTerms");
+        for (index, term) in required.node_selector_terms.iter().enumerate() {
+            let term_path = terms_path.index(index);
+            for (field, requirements) in [
+                ("matchExpressions", &term.match_expressions),
+                ("matchFields", &term.match_fields),
+            ] {
+                for (at, requirement) in requirements.iter().flatten().enumerate() {
+                    let selects = if field == "matchExpressions" {
+                        label_requirement_selects_gpu(requirement, guard)
+                    } else {
+                        node_requirement_selects_gpu(requirement, guard, devices, view)?
+                    };
+                    if let Some(what) = selects {
+                        found.push(Target {
+                            path: term_path.child(field).index(at),
+                            what: format!("requires {what} (node affinity term {index})"),
+                            undo: "remove the GPU requirement from the node affinity".to_owned(),
+                            device: false,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty())
+        && let Some(why) = gpu_node(node, guard, devices, view)?
+    {
+        found.push(Target {
+            path: spec_path.child("nodeName"),
+            what: format!("names the GPU node {node} ({why})"),
+            undo: "do not set nodeName to a GPU node".to_owned(),
+            device: false,
+        });
+    }
+    Ok(found)
+}
+
+/// Whether a label requirement of a node-affinity term can only be met by GPU nodes: `In`
+/// with a GPU value of a GPU label, or `Exists`/`Gt`/`Lt` on a label any value of which marks a
+/// GPU node. `NotIn` and `DoesNotExist` select away from GPU nodes.
+fn label_requirement_selects_gpu(
+    requirement: &NodeSelectorRequirement,
+    guard: &Guard,
+) -> Option<String> {
+    let labels = guard
+        .gpu_node_labels
+        .iter()
+        .filter(|label| label.key == requirement.key);
+    for label in labels {
+        let values = requirement.values.iter().flatten();
+        match requirement.operator.as_str() {
+            "In" => {
+                if let Some(value) = values.into_iter().find(|value| label.marks(value)) {
+                    return Some(format!("the GPU node label {}={value}", label.key));
+                }
+            }
+            "Exists" | "Gt" | "Lt" if label.values.is_empty() => {
+                return Some(format!(
+                    "the GPU node label {} ({})",
+                    label.key, requirement.operator
+                ));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Whether a `matchFields` requirement names a GPU node (`metadata.name In [...]`, as the
+/// DaemonSet controller sets on the pods it creates).
+fn node_requirement_selects_gpu(
+    requirement: &NodeSelectorRequirement,
+    guard: &Guard,
+    devices: &DeviceResources,
+    view: &dyn ClusterView,
+) -> Result<Option<String>, NotSynced> {
+    if requirement.key != "metadata.name" || requirement.operator != "In" {
+        return Ok(None);
+    }
+    for node in requirement.values.iter().flatten() {
+        if let Some(why) = gpu_node(node, guard, devices, view)? {
+            return Ok(Some(format!("the GPU node {node} ({why})")));
+        }
+    }
+    Ok(None)
+}
+
+/// Why the node `name` is a GPU node, or `None` when it is not (or is not known in a synced
+/// view: a pod naming a node that does not exist is the scheduler's problem, not the guard's).
+fn gpu_node(
+    name: &str,
+    guard: &Guard,
+    devices: &DeviceResources,
+    view: &dyn ClusterView,
+) -> Result<Option<String>, NotSynced> {
+    match view.node(name) {
+        Some(KnownNode::ListedGpuNode) => Ok(Some("listed in guard.offline.gpuNodes".to_owned())),
+        Some(KnownNode::Object(node)) => Ok(gpu_node_reason(&node, guard, devices)),
+        None if view.synced() => Ok(None),
+        None => Err(NotSynced(format!("node {name:?}"))),
+    }
+}
+
+/// Why a Node is a GPU node: device resources in its capacity, a GPU node label, or a GPU
+/// node taint. `None` when it has none of them.
+pub fn gpu_node_reason(node: &Node, guard: &Guard, devices: &DeviceResources) -> Option<String> {
+    let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
+    if let Some((resource, quantity)) = capacity
+        .into_iter()
+        .flatten()
+        .find(|(resource, quantity)| devices.is_device_resource(resource) && quantity.0 != "0")
+    {
+        return Some(format!("capacity {resource}: {}", quantity.0));
+    }
+    let labels = node.metadata.labels.as_ref();
+    for label in &guard.gpu_node_labels {
+        if let Some(value) = labels.and_then(|labels| labels.get(&label.key))
+            && label.marks(value)
+        {
+            return Some(format!("label {}={value}", label.key));
+        }
+    }
+    let taints = node.spec.as_ref().and_then(|spec| spec.taints.as_ref());
+    taints
+        .into_iter()
+        .flatten()
+        .find(|taint| guard.gpu_node_taints.contains(&taint.key))
+        .map(|taint| format!("taint {}", taint.key))
+}
+
+/// The effective priority: a Pod's `spec.priority` (the API server's Priority admission plugin
+/// resolved it before validating webhooks run); a template's `priorityClassName` resolved
+/// through the view, or the global default class, or 0.
+fn priority(
+    kind: GuardedKind,
+    spec: &PodSpecView,
+    view: &dyn ClusterView,
+) -> Result<Priority, NotSynced> {
+    if kind == GuardedKind::Pod
+        && let Some(value) = spec.priority
+    {
+        return Ok(Priority::Known {
+            value,
+            source: match spec.priority_class_name.as_deref() {
+                Some(class) => format!("spec.priority, from PriorityClass {class:?}"),
+                None => "spec.priority".to_owned(),
+            },
+        });
+    }
+    match spec
+        .priority_class_name
+        .as_deref()
+        .filter(|c| !c.is_empty())
+    {
+        Some(class) => match view.priority_class(class) {
+            Some(value) => Ok(Priority::Known {
+                value,
+                source: format!("PriorityClass {class:?}"),
+            }),
+            None if view.synced() => Ok(Priority::UnknownClass(class.to_owned())),
+            None => Err(NotSynced(format!("PriorityClass {class:?}"))),
+        },
+        None => {
+            if !view.synced() {
+                return Err(NotSynced("the globalDefault PriorityClass".to_owned()));
+            }
+            Ok(match view.global_default_priority_class() {
+                Some((class, value)) => Priority::Known {
+                    value,
+                    source: format!("no priorityClassName: the globalDefault class {class:?}"),
+                },
+                None => Priority::Known {
+                    value: 0,
+                    source: "no priorityClassName and no globalDefault PriorityClass".to_owned(),
+                },
+            })
+        }
+    }
+}
+
+impl Violation {
+    /// The whole story in one message (a denial, an audit annotation, `gpu-guard check`):
+    /// what targets GPU nodes, the priority found, the minimum and how to fix it.
+    pub fn message(&self) -> String {
+        let mut text = format!(
+            "{} targets GPU nodes {}, so it needs priority >= {}, but {}. Why it targets GPU \
+             nodes: ",
+            self.subject,
+            if self.uses_device {
+                "and uses a device"
+            } else {
+                "without using a device"
+            },
+            self.minimum,
+            self.priority_found(),
+        );
+        for (index, target) in self.targets.iter().enumerate() {
+            if index > 0 {
+                text.push_str("; ");
+            }
+            let _ = write!(text, "{} {}", target.path, target.what);
+        }
+        let _ = write!(text, ". Fix: {}.", self.fix());
+        text
+    }
+
+    /// The same, as admission warnings of at most 120 characters each (the API server's limit):
+    /// the verdict, one line per reason, and the fix.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = vec![format!(
+            "{}: priority {} is below the minimum {} for GPU nodes",
+            self.subject,
+            match &self.priority {
+                Priority::Known { value, .. } => value.to_string(),
+                Priority::UnknownClass(class) => format!("unknown (no PriorityClass {class:?})"),
+            },
+            self.minimum
+        )];
+        for target in &self.targets {
+            warnings.push(format!("{}: {}", target.path, target.what));
+        }
+        warnings.push(format!("fix: {}", self.fix()));
+        warnings
+    }
+
+    fn priority_found(&self) -> String {
+        match &self.priority {
+            Priority::Known { value, source } => format!("its priority is {value} ({source})"),
+            Priority::UnknownClass(class) => {
+                format!("its priorityClassName {class:?} names no PriorityClass the cluster has")
+            }
+        }
+    }
+
+    /// How to fix it: a class high enough, or (when it uses no device) stop targeting GPU nodes.
+    pub fn fix(&self) -> String {
+        let mut fix = match &self.priority {
+            Priority::UnknownClass(class) => format!(
+                "create PriorityClass {class:?} with value >= {} or set {} to an existing class \
+                 with such a value",
+                self.minimum, self.class_path
+            ),
+            Priority::Known { .. } => format!(
+                "set {} to a PriorityClass with value >= {}",
+                self.class_path, self.minimum
+            ),
+        };
+        if !self.uses_device {
+            let mut undo: Vec<&str> = self.targets.iter().map(|t| t.undo.as_str()).collect();
+            undo.dedup();
+            let _ = write!(
+                fix,
+                ", or {} if it does not need a GPU node",
+                undo.join(" and ")
+            );
+        }
+        fix
+    }
+}

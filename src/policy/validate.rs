@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use super::{API_VERSION, KIND, Policy, RuleAction};
+use super::{API_VERSION, Guard, KIND, Policy, RuleAction};
 use crate::field::FieldPath;
-use crate::names::qualified_name_errors;
+use crate::names::{
+    dns_label_errors, dns_subdomain_errors, label_value_errors, qualified_name_errors,
+};
 
 /// The API server's limit on podFailurePolicy rules.
 pub const MAX_RULES: usize = 20;
@@ -221,6 +223,148 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             format!("must be at least 1 (or left out), found {deadline}"),
         );
     }
+    problems.extend(validate_guard(&policy.guard));
+    problems
+}
+
+/// The kinds an exempt workload can name.
+const WORKLOAD_KINDS: [&str; 8] = [
+    "Pod",
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "ReplicationController",
+    "Job",
+    "CronJob",
+];
+
+fn validate_guard(guard: &Guard) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
+    let root = FieldPath::new(["guard"]);
+    let mut namespace = |path: FieldPath, name: &str| {
+        let errors = dns_label_errors(name);
+        if !errors.is_empty() {
+            report(
+                path,
+                format!("{name:?} is not a namespace name: {}", errors.join("; ")),
+            );
+        }
+    };
+    for name in guard.namespace_modes.keys() {
+        namespace(root.child("namespaceModes").key(name), name);
+    }
+    for (index, name) in guard.exemptions.namespaces.iter().enumerate() {
+        namespace(
+            root.child("exemptions").child("namespaces").index(index),
+            name,
+        );
+    }
+    for (index, workload) in guard.exemptions.workloads.iter().enumerate() {
+        namespace(
+            root.child("exemptions")
+                .child("workloads")
+                .index(index)
+                .child("namespace"),
+            &workload.namespace,
+        );
+    }
+    for (index, workload) in guard.exemptions.workloads.iter().enumerate() {
+        let path = root.child("exemptions").child("workloads").index(index);
+        if !dns_subdomain_errors(&workload.name).is_empty() || workload.name.is_empty() {
+            report(
+                path.child("name"),
+                format!(
+                    "{:?} is not an object name (a lowercase RFC 1123 subdomain)",
+                    workload.name
+                ),
+            );
+        }
+        if let Some(kind) = &workload.kind
+            && !WORKLOAD_KINDS.contains(&kind.as_str())
+        {
+            report(
+                path.child("kind"),
+                format!(
+                    "{kind:?} is not a kind the guard judges; use one of {}",
+                    WORKLOAD_KINDS.join(", ")
+                ),
+            );
+        }
+    }
+    for (index, taint) in guard.gpu_node_taints.iter().enumerate() {
+        let errors = qualified_name_errors(taint);
+        if !errors.is_empty() {
+            report(
+                root.child("gpuNodeTaints").index(index),
+                format!("{taint:?} is not a taint key: {}", errors.join("; ")),
+            );
+        }
+    }
+    for (index, label) in guard.gpu_node_labels.iter().enumerate() {
+        let path = root.child("gpuNodeLabels").index(index);
+        let errors = qualified_name_errors(&label.key);
+        if !errors.is_empty() {
+            report(
+                path.child("key"),
+                format!("{:?} is not a label key: {}", label.key, errors.join("; ")),
+            );
+        }
+        for (at, value) in label.values.iter().enumerate() {
+            let errors = label_value_errors(value);
+            if !errors.is_empty() {
+                report(
+                    path.child("values").index(at),
+                    format!("{value:?}: {}", errors.join("; ")),
+                );
+            }
+        }
+    }
+    let offline = root.child("offline");
+    let mut seen = BTreeMap::new();
+    let mut defaults = Vec::new();
+    for (index, class) in guard.offline.priority_classes.iter().enumerate() {
+        let path = offline.child("priorityClasses").index(index);
+        if class.name.is_empty() || !dns_subdomain_errors(&class.name).is_empty() {
+            report(
+                path.child("name"),
+                format!(
+                    "{:?} is not a PriorityClass name (a lowercase RFC 1123 subdomain)",
+                    class.name
+                ),
+            );
+        }
+        if let Some(first) = seen.insert(class.name.as_str(), index) {
+            report(
+                path.child("name"),
+                format!(
+                    "PriorityClass {:?} is already listed at priorityClasses[{first}]",
+                    class.name
+                ),
+            );
+        }
+        if class.global_default {
+            defaults.push(class.name.as_str());
+            if defaults.len() > 1 {
+                report(
+                    path.child("globalDefault"),
+                    format!(
+                        "only one PriorityClass can be the global default; {:?} already is",
+                        defaults[0]
+                    ),
+                );
+            }
+        }
+    }
+    for (index, node) in guard.offline.gpu_nodes.iter().enumerate() {
+        if node.is_empty() || !dns_subdomain_errors(node).is_empty() {
+            report(
+                offline.child("gpuNodes").index(index),
+                format!("{node:?} is not a node name (a lowercase RFC 1123 subdomain)"),
+            );
+        }
+    }
     problems
 }
 
@@ -321,6 +465,39 @@ mod tests {
                 "mutation.terminationGracePeriod.maximumSeconds",
                 "mutation.nodeReadinessTolerations.unreachableSeconds",
                 "mutation.activeDeadlineSeconds",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_guard_section_is_checked() {
+        let text = r#"
+guard:
+  namespaceModes: {Research: Warn}
+  gpuNodeTaints: ["nvidia.com/"]
+  gpuNodeLabels:
+    - key: node.kubernetes.io/instance-type
+      values: ["p4d 24xlarge"]
+  exemptions:
+    workloads:
+      - {namespace: kube-system, name: nvidia-device-plugin, kind: Daemonset}
+  offline:
+    priorityClasses:
+      - {name: high, value: 1000000, globalDefault: true}
+      - {name: high, value: 10, globalDefault: true}
+    gpuNodes: ["GPU_1"]
+"#;
+        let policy: Policy = serde_norway::from_str(text).unwrap();
+        assert_eq!(
+            fields(&policy),
+            [
+                "guard.namespaceModes[Research]",
+                "guard.exemptions.workloads[0].kind",
+                "guard.gpuNodeTaints[0]",
+                "guard.gpuNodeLabels[0].values[0]",
+                "guard.offline.priorityClasses[1].name",
+                "guard.offline.priorityClasses[1].globalDefault",
+                "guard.offline.gpuNodes[0]",
             ]
         );
     }

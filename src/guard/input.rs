@@ -1,0 +1,265 @@
+//! What the guard reads of a workload, decoded straight from the object's JSON: only the fields
+//! it judges (everything else is skipped by serde, so a large Deployment costs little).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{NodeSelector, Toleration};
+use serde::Deserialize;
+
+use crate::field::FieldPath;
+
+/// The kinds the guard judges: Pods and every pod-template owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GuardedKind {
+    Pod,
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+    ReplicaSet,
+    ReplicationController,
+    Job,
+    CronJob,
+}
+
+impl GuardedKind {
+    /// The kind for an API group, version and kind, if the guard judges it.
+    pub fn from_gvk(group: &str, version: &str, kind: &str) -> Option<Self> {
+        Some(match (group, version, kind) {
+            ("", "v1", "Pod") => Self::Pod,
+            ("", "v1", "ReplicationController") => Self::ReplicationController,
+            ("apps", "v1", "Deployment") => Self::Deployment,
+            ("apps", "v1", "StatefulSet") => Self::StatefulSet,
+            ("apps", "v1", "DaemonSet") => Self::DaemonSet,
+            ("apps", "v1", "ReplicaSet") => Self::ReplicaSet,
+            ("batch", "v1", "Job") => Self::Job,
+            ("batch", "v1", "CronJob") => Self::CronJob,
+            _ => return None,
+        })
+    }
+
+    /// The kind for a manifest's `apiVersion` and `kind`.
+    pub fn from_api_version(api_version: &str, kind: &str) -> Option<Self> {
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        Self::from_gvk(group, version, kind)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pod => "Pod",
+            Self::Deployment => "Deployment",
+            Self::StatefulSet => "StatefulSet",
+            Self::DaemonSet => "DaemonSet",
+            Self::ReplicaSet => "ReplicaSet",
+            Self::ReplicationController => "ReplicationController",
+            Self::Job => "Job",
+            Self::CronJob => "CronJob",
+        }
+    }
+
+    /// Where the pod spec is in an object of this kind.
+    pub fn spec_path(self) -> FieldPath {
+        match self {
+            Self::Pod => FieldPath::new(["spec"]),
+            Self::CronJob => FieldPath::new(["spec", "jobTemplate", "spec", "template", "spec"]),
+            _ => FieldPath::new(["spec", "template", "spec"]),
+        }
+    }
+
+    /// Whether the guard judges this operation: Pods at CREATE (a pod's scheduling fields do
+    /// not change afterwards), templates at CREATE and UPDATE.
+    pub fn judged_at(self, operation: &str) -> bool {
+        match self {
+            Self::Pod => operation == "CREATE",
+            _ => matches!(operation, "CREATE" | "UPDATE"),
+        }
+    }
+}
+
+/// A workload decoded for the guard: its metadata and its pod spec.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Workload {
+    pub metadata: Metadata,
+    pub spec: PodSpecView,
+}
+
+/// Why an object could not be decoded for the guard.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the {kind}: {source}")]
+pub struct DecodeError {
+    pub kind: &'static str,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl Workload {
+    /// Decodes the parts the guard reads from an object of `kind` in JSON.
+    pub fn from_json(kind: GuardedKind, json: &str) -> Result<Self, DecodeError> {
+        let decoded = match kind {
+            GuardedKind::Pod => serde_json::from_str::<PodObject>(json).map(|pod| Self {
+                metadata: pod.metadata,
+                spec: pod.spec,
+            }),
+            GuardedKind::CronJob => serde_json::from_str::<CronJobObject>(json).map(|cron| Self {
+                metadata: cron.metadata,
+                spec: cron.spec.job_template.spec.template.spec,
+            }),
+            _ => serde_json::from_str::<TemplateOwner>(json).map(|owner| Self {
+                metadata: owner.metadata,
+                spec: owner.spec.template.spec,
+            }),
+        };
+        decoded.map_err(|source| DecodeError {
+            kind: kind.as_str(),
+            source,
+        })
+    }
+
+    /// [`Workload::from_json`] from a decoded value (the CLI reads manifests into values).
+    pub fn from_value(kind: GuardedKind, value: &serde_json::Value) -> Result<Self, DecodeError> {
+        // Through text: one decoder, so the webhook and the CLI cannot read differently.
+        Self::from_json(kind, &value.to_string())
+    }
+}
+
+/// The object metadata the guard reads.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Metadata {
+    pub name: Option<String>,
+    pub generate_name: Option<String>,
+    pub namespace: Option<String>,
+    pub labels: Option<BTreeMap<String, String>>,
+    pub annotations: Option<BTreeMap<String, String>>,
+    pub owner_references: Option<Vec<OwnerReference>>,
+    pub deletion_timestamp: Option<String>,
+}
+
+impl Metadata {
+    /// The name, or the generateName prefix followed by `*` when the name is not set yet.
+    pub fn display_name(&self) -> String {
+        match (&self.name, &self.generate_name) {
+            (Some(name), _) if !name.is_empty() => name.clone(),
+            (_, Some(prefix)) => format!("{prefix}*"),
+            _ => String::new(),
+        }
+    }
+
+    /// The owner reference with `controller: true`, if any.
+    pub fn controller(&self) -> Option<&OwnerReference> {
+        self.owner_references
+            .iter()
+            .flatten()
+            .find(|owner| owner.controller == Some(true))
+    }
+
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.as_ref()?.get(key).map(String::as_str)
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.as_ref()?.get(key).map(String::as_str)
+    }
+}
+
+/// An owner reference.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OwnerReference {
+    pub kind: String,
+    pub name: String,
+    pub controller: Option<bool>,
+}
+
+/// The pod spec fields the guard reads.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PodSpecView {
+    pub priority: Option<i32>,
+    pub priority_class_name: Option<String>,
+    pub node_name: Option<String>,
+    pub node_selector: Option<BTreeMap<String, String>>,
+    pub affinity: Option<AffinityView>,
+    pub tolerations: Option<Vec<Toleration>>,
+    pub containers: Option<Vec<ContainerView>>,
+    pub init_containers: Option<Vec<ContainerView>>,
+}
+
+/// `affinity`: only the node affinity.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct AffinityView {
+    pub node_affinity: Option<NodeAffinityView>,
+}
+
+/// `affinity.nodeAffinity`: only the required part (preferences do not bind the scheduler).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct NodeAffinityView {
+    #[serde(rename = "requiredDuringSchedulingIgnoredDuringExecution")]
+    pub required: Option<NodeSelector>,
+}
+
+/// A container: its name and the names of the resources it requests or limits.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ContainerView {
+    pub name: String,
+    pub resources: Option<ResourcesView>,
+}
+
+/// `resources`: the quantities are not read, only the names.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ResourcesView {
+    pub requests: Option<BTreeMap<String, serde::de::IgnoredAny>>,
+    pub limits: Option<BTreeMap<String, serde::de::IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+struct PodObject {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    spec: PodSpecView,
+}
+
+#[derive(Deserialize)]
+struct TemplateOwner {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    spec: TemplateSpec,
+}
+
+#[derive(Default, Deserialize)]
+struct TemplateSpec {
+    #[serde(default)]
+    template: PodTemplate,
+}
+
+#[derive(Default, Deserialize)]
+struct PodTemplate {
+    #[serde(default)]
+    spec: PodSpecView,
+}
+
+#[derive(Deserialize)]
+struct CronJobObject {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    spec: CronJobSpec,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CronJobSpec {
+    #[serde(default)]
+    job_template: JobTemplate,
+}
+
+#[derive(Default, Deserialize)]
+struct JobTemplate {
+    #[serde(default)]
+    spec: TemplateSpec,
+}

@@ -1,0 +1,589 @@
+use serde_json::{Value, json};
+
+use super::*;
+use crate::policy::{ExemptWorkload, GpuNodeLabel, OfflinePriorityClass, Policy};
+
+fn view() -> StaticView {
+    let mut offline = Policy::default().guard.offline;
+    offline.priority_classes = vec![
+        OfflinePriorityClass {
+            name: "high".into(),
+            value: 1_000_000,
+            global_default: false,
+        },
+        OfflinePriorityClass {
+            name: "preemptible".into(),
+            value: -10,
+            global_default: false,
+        },
+    ];
+    offline.gpu_nodes = vec!["gpu-listed".into()];
+    let mut view = StaticView::from_policy(&offline);
+    view.add_node(
+        serde_json::from_value(json!({
+            "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.present": "true"}}
+        }))
+        .unwrap(),
+    );
+    view.add_node(
+        serde_json::from_value(json!({
+            "metadata": {"name": "gpu-2"},
+            "status": {"capacity": {"cpu": "8", "nvidia.com/gpu": "4"}}
+        }))
+        .unwrap(),
+    );
+    view.add_node(
+        serde_json::from_value(json!({
+            "metadata": {"name": "cpu-1", "labels": {"nvidia.com/gpu.present": "false"}},
+            "status": {"capacity": {"cpu": "8", "nvidia.com/gpu": "0"}}
+        }))
+        .unwrap(),
+    );
+    view
+}
+
+fn deployment(pod_spec: Value) -> Workload {
+    let object = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "team"},
+        "spec": {"template": {"spec": pod_spec}}
+    });
+    Workload::from_json(GuardedKind::Deployment, &object.to_string()).unwrap()
+}
+
+fn judge_with(kind: GuardedKind, workload: &Workload, guard: &Guard) -> Verdict {
+    let policy = Policy::default();
+    judge(kind, "team", workload, guard, &policy.devices, &view()).unwrap()
+}
+
+fn verdict(pod_spec: Value) -> Verdict {
+    judge_with(
+        GuardedKind::Deployment,
+        &deployment(pod_spec),
+        &Policy::default().guard,
+    )
+}
+
+fn violation(pod_spec: Value) -> Violation {
+    match verdict(pod_spec.clone()) {
+        Verdict::Violation(violation) => violation,
+        other => panic!("expected a violation for {pod_spec}, got {other:?}"),
+    }
+}
+
+fn target_paths(violation: &Violation) -> Vec<String> {
+    violation
+        .targets
+        .iter()
+        .map(|t| t.path.to_string())
+        .collect()
+}
+
+const C: &str = "spec.template.spec";
+
+#[test]
+fn a_plain_workload_does_not_target_gpu_nodes() {
+    assert_eq!(
+        verdict(json!({"containers": [{"name": "app", "image": "nginx"}]})),
+        Verdict::Allowed(Allowed::NotTargetingGpuNodes)
+    );
+}
+
+#[test]
+fn every_detection_path_is_found_and_all_are_reported_at_once() {
+    let found = violation(json!({
+        "nodeName": "gpu-1",
+        "nodeSelector": {"nvidia.com/gpu.present": "true", "zone": "a"},
+        "tolerations": [
+            {"key": "example.com/other", "operator": "Exists"},
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A100"]}
+            ]}]
+        }}},
+        "containers": [{"name": "app"}]
+    }));
+    assert_eq!(
+        target_paths(&found),
+        [
+            format!("{C}.tolerations[1]"),
+            format!("{C}.nodeSelector[nvidia.com/gpu.present]"),
+            format!(
+                "{C}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.\
+                 nodeSelectorTerms[0].matchExpressions[0]"
+            ),
+            format!("{C}.nodeName"),
+        ]
+    );
+    assert!(!found.uses_device);
+    assert_eq!(found.minimum, 1000);
+    assert_eq!(found.mode, GuardMode::Enforce);
+    let message = found.message();
+    assert!(message.starts_with("Deployment team/web targets GPU nodes without using a device, so it needs priority >= 1000, but its priority is 0 (no priorityClassName and no globalDefault PriorityClass)"), "{message}");
+    assert!(message.contains("names the GPU node gpu-1 (label nvidia.com/gpu.present=true)"));
+    assert!(
+        message.ends_with(
+            "Fix: set spec.template.spec.priorityClassName to a PriorityClass with value >= 1000, \
+         or remove the nvidia.com/gpu toleration and remove the nvidia.com/gpu.present node \
+         selector and remove the GPU requirement from the node affinity and do not set nodeName \
+         to a GPU node if it does not need a GPU node."
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn device_requests_in_containers_and_init_containers_use_the_lower_minimum() {
+    let spec = json!({
+        "priorityClassName": "preemptible",
+        "initContainers": [{"name": "warmup", "resources": {"requests": {"nvidia.com/mig-1g.5gb": 1}}}],
+        "containers": [{"name": "app", "resources": {"limits": {"cpu": "1"}}}]
+    });
+    let found = violation(spec);
+    assert!(found.uses_device);
+    assert_eq!(found.minimum, 0);
+    assert_eq!(
+        target_paths(&found),
+        [format!(
+            "{C}.initContainers[0].resources.requests[nvidia.com/mig-1g.5gb]"
+        )]
+    );
+    assert_eq!(
+        found.priority,
+        Priority::Known {
+            value: -10,
+            source: "PriorityClass \"preemptible\"".into()
+        }
+    );
+    // With a device the fix is the class, never "stop using the GPU".
+    assert_eq!(
+        found.fix(),
+        "set spec.template.spec.priorityClassName to a PriorityClass with value >= 0"
+    );
+    // An ordinary GPU job (priority 0) passes.
+    assert_eq!(
+        verdict(
+            json!({"containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]})
+        ),
+        Verdict::Allowed(Allowed::PriorityMet {
+            priority: 0,
+            minimum: 0
+        })
+    );
+}
+
+#[test]
+fn a_device_request_and_a_toleration_together_use_the_device_minimum() {
+    let spec = json!({
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        "containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": 1}}}]
+    });
+    assert!(matches!(
+        verdict(spec),
+        Verdict::Allowed(Allowed::PriorityMet { minimum: 0, .. })
+    ));
+}
+
+#[test]
+fn an_exists_toleration_without_a_key_tolerates_gpu_taints() {
+    let found = violation(json!({"tolerations": [{"operator": "Exists"}], "containers": []}));
+    assert_eq!(target_paths(&found), [format!("{C}.tolerations[0]")]);
+    assert!(found.targets[0].what.contains("tolerates every taint"));
+    // Equal without a key tolerates nothing here; Exists with another key neither.
+    assert_eq!(
+        verdict(json!({"tolerations": [
+            {"key": "", "operator": "Equal", "value": "x"},
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}
+        ]})),
+        Verdict::Allowed(Allowed::NotTargetingGpuNodes)
+    );
+}
+
+#[test]
+fn affinity_operators_that_select_away_from_gpu_nodes_do_not_count() {
+    let affinity = |expressions: Value| {
+        json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": expressions}]
+        }}}})
+    };
+    for expressions in [
+        json!([{"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}]),
+        json!([{"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}]),
+        json!([{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["false"]}]),
+        // Exists on a label only some values of which mark GPU nodes is not a GPU selection.
+        json!([{"key": "nvidia.com/gpu.present", "operator": "Exists"}]),
+        json!([{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]),
+    ] {
+        assert_eq!(
+            verdict(affinity(expressions.clone())),
+            Verdict::Allowed(Allowed::NotTargetingGpuNodes),
+            "{expressions}"
+        );
+    }
+    for expressions in [
+        json!([{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["0"]}]),
+        json!([{"key": "nvidia.com/gpu.product", "operator": "Exists"}]),
+        json!([{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["false", "true"]}]),
+    ] {
+        violation(affinity(expressions));
+    }
+    // Preferred affinity does not bind the scheduler.
+    assert_eq!(
+        verdict(
+            json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": [
+                    {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+                ]}}
+            ]}}})
+        ),
+        Verdict::Allowed(Allowed::NotTargetingGpuNodes)
+    );
+}
+
+#[test]
+fn one_gpu_term_among_several_is_enough_and_is_named() {
+    let found = violation(json!({"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["b"]},
+                {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+            ]}
+        ]}
+    }}}));
+    assert_eq!(
+        target_paths(&found),
+        [format!(
+            "{C}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.\
+             nodeSelectorTerms[1].matchExpressions[1]"
+        )]
+    );
+    assert!(found.targets[0].what.contains("(node affinity term 1)"));
+}
+
+#[test]
+fn instance_type_labels_can_mark_gpu_nodes() {
+    let mut guard = Policy::default().guard;
+    guard.gpu_node_labels.push(GpuNodeLabel {
+        key: "node.kubernetes.io/instance-type".into(),
+        values: vec!["p4d.24xlarge".into()],
+    });
+    let select = |value: &str| {
+        deployment(json!({"nodeSelector": {"node.kubernetes.io/instance-type": value}}))
+    };
+    assert!(matches!(
+        judge_with(GuardedKind::Deployment, &select("p4d.24xlarge"), &guard),
+        Verdict::Violation(_)
+    ));
+    assert_eq!(
+        judge_with(GuardedKind::Deployment, &select("m5.large"), &guard),
+        Verdict::Allowed(Allowed::NotTargetingGpuNodes)
+    );
+}
+
+#[test]
+fn node_names_are_gpu_nodes_by_capacity_label_or_listing() {
+    for (node, why) in [
+        ("gpu-1", "label nvidia.com/gpu.present=true"),
+        ("gpu-2", "capacity nvidia.com/gpu: 4"),
+        ("gpu-listed", "listed in guard.offline.gpuNodes"),
+    ] {
+        let found = violation(json!({"nodeName": node}));
+        assert_eq!(
+            found.targets[0].what,
+            format!("names the GPU node {node} ({why})")
+        );
+    }
+    // Zero GPUs and a "false" label: not a GPU node. An unknown node in a synced view: not one.
+    for node in ["cpu-1", "nowhere"] {
+        assert_eq!(
+            verdict(json!({"nodeName": node})),
+            Verdict::Allowed(Allowed::NotTargetingGpuNodes)
+        );
+    }
+    // A DaemonSet pod names its node in matchFields.
+    let found = violation(json!({"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-2"]}]}
+        ]}
+    }}}));
+    assert!(
+        found.targets[0]
+            .path
+            .to_string()
+            .ends_with("matchFields[0]")
+    );
+}
+
+#[test]
+fn template_priority_comes_from_the_class_or_the_global_default() {
+    let spec = json!({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]});
+    let mut with_class = spec.clone();
+    with_class["priorityClassName"] = json!("high");
+    assert!(matches!(
+        verdict(with_class),
+        Verdict::Allowed(Allowed::PriorityMet {
+            priority: 1_000_000,
+            minimum: 1000
+        })
+    ));
+    let mut built_in = spec.clone();
+    built_in["priorityClassName"] = json!("system-node-critical");
+    assert!(matches!(verdict(built_in), Verdict::Allowed(_)));
+
+    let mut unknown = spec.clone();
+    unknown["priorityClassName"] = json!("hihg");
+    let found = violation(unknown);
+    assert_eq!(found.priority, Priority::UnknownClass("hihg".into()));
+    assert!(
+        found
+            .fix()
+            .starts_with("create PriorityClass \"hihg\" with value >= 1000")
+    );
+
+    // A global default applies to templates that name no class.
+    let mut view = view();
+    view.add_priority_class("default-high", 5000, true);
+    view.add_priority_class("default-low", 10, true);
+    let policy = Policy::default();
+    let verdict = judge(
+        GuardedKind::Deployment,
+        "team",
+        &deployment(spec),
+        &policy.guard,
+        &policy.devices,
+        &view,
+    )
+    .unwrap();
+    let Verdict::Violation(found) = verdict else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!(
+        found.priority,
+        Priority::Known {
+            value: 10,
+            source: "no priorityClassName: the globalDefault class \"default-low\"".into()
+        }
+    );
+}
+
+#[test]
+fn a_pod_uses_its_resolved_spec_priority() {
+    let pod = |priority: Value| {
+        let object = json!({"metadata": {"name": "p"}, "spec": {
+            "priority": priority, "priorityClassName": "whatever",
+            "tolerations": [{"key": "amd.com/gpu", "operator": "Exists"}]
+        }});
+        Workload::from_json(GuardedKind::Pod, &object.to_string()).unwrap()
+    };
+    let guard = Policy::default().guard;
+    assert!(matches!(
+        judge_with(GuardedKind::Pod, &pod(json!(2000)), &guard),
+        Verdict::Allowed(Allowed::PriorityMet { priority: 2000, .. })
+    ));
+    let Verdict::Violation(found) = judge_with(GuardedKind::Pod, &pod(json!(5)), &guard) else {
+        panic!()
+    };
+    assert_eq!(found.class_path.to_string(), "spec.priorityClassName");
+    assert_eq!(found.subject, "Pod team/p");
+    assert!(
+        found
+            .message()
+            .contains("its priority is 5 (spec.priority, from PriorityClass \"whatever\")")
+    );
+}
+
+#[test]
+fn exemptions_by_namespace_class_workload_and_controller() {
+    let mut guard = Policy::default().guard;
+    guard.exemptions.namespaces = vec!["gpu-operator".into()];
+    guard.exemptions.priority_classes = vec!["batch-low".into()];
+    guard.exemptions.workloads = vec![
+        ExemptWorkload {
+            namespace: "team".into(),
+            name: "nvidia-device-plugin".into(),
+            kind: Some("DaemonSet".into()),
+        },
+        ExemptWorkload {
+            namespace: "team".into(),
+            name: "dashboard".into(),
+            kind: Some("Deployment".into()),
+        },
+    ];
+    let policy = Policy::default();
+    let tolerating = json!({"tolerations": [{"operator": "Exists"}]});
+    let run = |kind: GuardedKind, namespace: &str, object: Value| {
+        let workload = Workload::from_json(kind, &object.to_string()).unwrap();
+        judge(kind, namespace, &workload, &guard, &policy.devices, &view()).unwrap()
+    };
+    let template = |name: &str, spec: &Value| json!({"metadata": {"name": name}, "spec": {"template": {"spec": spec}}});
+    let exempt = |verdict: Verdict| matches!(verdict, Verdict::Allowed(Allowed::Exempt(_)));
+
+    assert!(exempt(run(
+        GuardedKind::DaemonSet,
+        "gpu-operator",
+        template("x", &tolerating)
+    )));
+    assert!(exempt(run(
+        GuardedKind::DaemonSet,
+        "team",
+        template("nvidia-device-plugin", &tolerating)
+    )));
+    // The same name as another kind, or in another namespace, is not exempt.
+    assert!(!exempt(run(
+        GuardedKind::Deployment,
+        "team",
+        template("nvidia-device-plugin", &tolerating)
+    )));
+    assert!(!exempt(run(
+        GuardedKind::DaemonSet,
+        "other",
+        template("nvidia-device-plugin", &tolerating)
+    )));
+    // The DaemonSet's pods, through their controller reference.
+    let ds_pod = json!({"metadata": {"name": "nvidia-device-plugin-x7k2p", "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-device-plugin", "uid": "u", "controller": true}
+    ]}, "spec": {"priority": 0, "tolerations": [{"operator": "Exists"}]}});
+    assert!(exempt(run(GuardedKind::Pod, "team", ds_pod)));
+    // A Deployment's pods, through the ReplicaSet and the pod-template-hash.
+    let rs_pod = json!({"metadata": {"name": "dashboard-5d8f7c-abcde",
+        "labels": {"pod-template-hash": "5d8f7c"},
+        "ownerReferences": [{"kind": "ReplicaSet", "name": "dashboard-5d8f7c", "controller": true}]},
+        "spec": {"priority": 0, "tolerations": [{"operator": "Exists"}]}});
+    assert!(exempt(run(GuardedKind::Pod, "team", rs_pod)));
+    // A priority class exemption.
+    let mut with_class = tolerating.clone();
+    with_class["priorityClassName"] = json!("batch-low");
+    assert!(exempt(run(
+        GuardedKind::Deployment,
+        "team",
+        template("y", &with_class)
+    )));
+}
+
+#[test]
+fn the_skip_annotation_does_not_bypass_the_guard() {
+    let object = json!({"metadata": {"name": "sneaky", "annotations": {"gpu-guard.io/skip": "true"}},
+        "spec": {"template": {"spec": {"tolerations": [{"operator": "Exists"}]}}}});
+    let workload = Workload::from_json(GuardedKind::Deployment, &object.to_string()).unwrap();
+    assert!(matches!(
+        judge_with(GuardedKind::Deployment, &workload, &Policy::default().guard),
+        Verdict::Violation(_)
+    ));
+}
+
+#[test]
+fn modes_are_per_namespace_and_the_guard_can_be_switched_off() {
+    let mut guard = Policy::default().guard;
+    guard.mode = GuardMode::Audit;
+    guard.namespace_modes.insert("team".into(), GuardMode::Warn);
+    let workload = deployment(json!({"tolerations": [{"operator": "Exists"}]}));
+    let Verdict::Violation(found) = judge_with(GuardedKind::Deployment, &workload, &guard) else {
+        panic!()
+    };
+    assert_eq!(found.mode, GuardMode::Warn);
+    guard.enabled = false;
+    assert_eq!(
+        judge_with(GuardedKind::Deployment, &workload, &guard),
+        Verdict::Allowed(Allowed::Disabled)
+    );
+}
+
+#[test]
+fn cronjob_templates_and_every_owner_kind_are_read() {
+    let cron = json!({"metadata": {"name": "nightly"}, "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": {"spec": {
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    }}}}}});
+    let workload = Workload::from_json(GuardedKind::CronJob, &cron.to_string()).unwrap();
+    let Verdict::Violation(found) =
+        judge_with(GuardedKind::CronJob, &workload, &Policy::default().guard)
+    else {
+        panic!()
+    };
+    assert_eq!(
+        target_paths(&found),
+        ["spec.jobTemplate.spec.template.spec.tolerations[0]"]
+    );
+    for (api_version, kind) in [
+        ("apps/v1", "Deployment"),
+        ("apps/v1", "StatefulSet"),
+        ("apps/v1", "DaemonSet"),
+        ("apps/v1", "ReplicaSet"),
+        ("v1", "ReplicationController"),
+        ("batch/v1", "Job"),
+        ("batch/v1", "CronJob"),
+        ("v1", "Pod"),
+    ] {
+        let kind = GuardedKind::from_api_version(api_version, kind).unwrap();
+        assert!(kind.judged_at("CREATE"));
+    }
+    assert!(GuardedKind::from_api_version("apps/v1beta1", "Deployment").is_none());
+    assert!(!GuardedKind::Pod.judged_at("UPDATE"));
+    assert!(GuardedKind::Deployment.judged_at("UPDATE"));
+}
+
+#[test]
+fn warnings_fit_the_api_servers_limit_and_name_each_reason() {
+    let found = violation(json!({
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        "nodeSelector": {"nvidia.com/gpu.present": "true"}
+    }));
+    let warnings = found.warnings();
+    assert_eq!(warnings.len(), 4, "{warnings:?}");
+    assert_eq!(
+        warnings[0],
+        "Deployment team/web: priority 0 is below the minimum 1000 for GPU nodes"
+    );
+    assert_eq!(
+        warnings[1],
+        "spec.template.spec.tolerations[0]: tolerates the GPU node taint nvidia.com/gpu"
+    );
+}
+
+/// A view that has not synced: lookups it cannot answer are errors, not findings.
+struct Unsynced;
+
+impl ClusterView for Unsynced {
+    fn synced(&self) -> bool {
+        false
+    }
+    fn priority_class(&self, _: &str) -> Option<i32> {
+        None
+    }
+    fn global_default_priority_class(&self) -> Option<(String, i32)> {
+        None
+    }
+    fn node(&self, _: &str) -> Option<KnownNode> {
+        None
+    }
+}
+
+#[test]
+fn an_unsynced_view_is_an_error_only_when_it_is_needed() {
+    let policy = Policy::default();
+    let run = |spec: Value| {
+        judge(
+            GuardedKind::Deployment,
+            "team",
+            &deployment(spec),
+            &policy.guard,
+            &policy.devices,
+            &Unsynced,
+        )
+    };
+    // Not targeting GPU nodes: no lookup needed.
+    assert_eq!(
+        run(json!({"containers": []})),
+        Ok(Verdict::Allowed(Allowed::NotTargetingGpuNodes))
+    );
+    assert_eq!(
+        run(json!({"tolerations": [{"operator": "Exists"}], "priorityClassName": "high"})),
+        Err(NotSynced("PriorityClass \"high\"".into()))
+    );
+    assert_eq!(
+        run(json!({"nodeName": "n1"})),
+        Err(NotSynced("node \"n1\"".into()))
+    );
+}

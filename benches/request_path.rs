@@ -5,10 +5,12 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gpu_guard::admission::{Webhook, review};
+use gpu_guard::guard::StaticView;
 use gpu_guard::policy::Policy;
 
 fn request_path(c: &mut Criterion) {
     let policy = Policy::embedded();
+    let view = StaticView::from_policy(&policy.guard.offline);
     let mut group = c.benchmark_group("request");
     for (name, fixture) in [
         ("plain", "001-Job-CREATE-mutate.json"),
@@ -20,7 +22,7 @@ fn request_path(c: &mut Criterion) {
         let body = std::fs::read(format!("tests/fixtures/admission/{fixture}")).unwrap();
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_function(name, |b| {
-            b.iter(|| review(Webhook::Mutate, black_box(&body), &policy).unwrap())
+            b.iter(|| review(Webhook::Mutate, black_box(&body), &policy, &view).unwrap())
         });
     }
     group.finish();

@@ -4,9 +4,11 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use gpu_guard::guard::{ClusterView, StaticView};
 use gpu_guard::object::mutate_object;
 use gpu_guard::patch;
 use gpu_guard::policy::Policy;
@@ -58,6 +60,11 @@ fn write_pair(dir: &Path, pair: &GeneratedPair) {
     std::fs::write(dir.join("tls.key"), &pair.key_pem).unwrap();
 }
 
+/// The cluster facts of the embedded policy (no API server).
+fn offline_view() -> Arc<dyn ClusterView> {
+    Arc::new(StaticView::from_policy(&Policy::embedded().guard.offline))
+}
+
 async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
     let _ = rustls::crypto::ring::default_provider().install_default();
     write_pair(dir, pair);
@@ -82,6 +89,7 @@ async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
             },
         },
         Policy::embedded(),
+        offline_view(),
     )
     .await
     .unwrap()
@@ -345,6 +353,7 @@ async fn certificates_rotate_in_place_and_by_symlink_swap_and_a_broken_pair_is_i
             timeouts: Timeouts::default(),
         },
         Policy::embedded(),
+        offline_view(),
     )
     .await
     .unwrap();
@@ -429,7 +438,6 @@ mod in_process {
     use gpu_guard::admission::{self, Webhook};
     use gpu_guard::server::metrics::RequestLabels;
     use gpu_guard::server::{AppState, admin_router, webhook_router};
-    use std::sync::Arc;
     use tower::ServiceExt;
 
     fn request(path: &str, body: Vec<u8>) -> Request<Body> {
@@ -443,9 +451,10 @@ mod in_process {
         webhook: Webhook,
         body: &[u8],
         policy: &Policy,
+        view: &dyn ClusterView,
     ) -> Result<admission::Reviewed, admission::ReviewError> {
         assert!(body != b"{\"panic\": true}", "a bug in a handler");
-        admission::review(webhook, body, policy)
+        admission::review(webhook, body, policy, view)
     }
 
     async fn metrics_text(state: &Arc<AppState>) -> String {
@@ -486,6 +495,7 @@ mod in_process {
         _: Webhook,
         _: &[u8],
         _: &Policy,
+        _: &dyn ClusterView,
     ) -> Result<admission::Reviewed, admission::ReviewError> {
         Err(admission::ReviewError::Internal(
             "the computed patch does not apply".to_owned(),
@@ -707,6 +717,7 @@ async fn shutdown_does_not_wait_for_ever_on_a_stalled_request() {
             },
         },
         Policy::embedded(),
+        offline_view(),
     )
     .await
     .unwrap();
@@ -764,7 +775,7 @@ async fn a_key_that_does_not_match_the_certificate_is_refused_at_start() {
         drain_delay: Duration::ZERO,
         timeouts: Timeouts::default(),
     };
-    let Err(error) = start(config("tls.key"), Policy::embedded()).await else {
+    let Err(error) = start(config("tls.key"), Policy::embedded(), offline_view()).await else {
         panic!("a mismatched pair must be refused");
     };
     assert!(
@@ -776,6 +787,8 @@ async fn a_key_that_does_not_match_the_certificate_is_refused_at_start() {
 
     // The same chain (leaf and CA) with its own key starts.
     std::fs::write(dir.path().join("own.key"), &one.key_pem).unwrap();
-    let running = start(config("own.key"), Policy::embedded()).await.unwrap();
+    let running = start(config("own.key"), Policy::embedded(), offline_view())
+        .await
+        .unwrap();
     running.shutdown().await;
 }

@@ -5,7 +5,12 @@
 //!   Patch is derived from the engine's changes and proven to apply to the raw request object
 //!   before it is sent. No change: no patch and no patchType. UPDATE, DELETE, CONNECT and every
 //!   other kind: allowed, no patch (a Job's pod template and podFailurePolicy are immutable).
-//! - `/validate`: allowed (the GPU-node priority guard will decide here).
+//! - `/validate`: the GPU-node priority guard ([`crate::guard`]) judges Pods at CREATE and the
+//!   pod template of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers,
+//!   Jobs and CronJobs at CREATE and UPDATE (an UPDATE that leaves the pod spec as it was, or
+//!   that belongs to a deletion, is not judged again). A violation is denied (HTTP 200,
+//!   `allowed: false`, code 403), warned about or audited, as the policy's mode says; the
+//!   `gpu-guard.io/skip` annotation does not bypass it. Subresources are not judged.
 //! - Malformed input is a [`ReviewError`] (HTTP 400) with a message saying what is wrong; an
 //!   object that does not decode as a Job is allowed unchanged with a warning, so a bad object
 //!   never turns into a 500 loop. `admission.k8s.io/v1beta1` is answered in v1beta1 (same shape).
@@ -14,8 +19,9 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::guard::{self, ClusterView, GuardedKind, Verdict, Workload};
 use crate::object::{ObjectError, ObjectMutation, mutate_job_json, mutate_object};
-use crate::policy::Policy;
+use crate::policy::{GuardMode, Policy};
 
 /// The two webhooks the server exposes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,7 +64,7 @@ pub enum ReviewError {
     MissingRequest,
     #[error("request.uid is empty")]
     MissingUid,
-    #[error("request.object is missing on a {0} of a Job or CronJob")]
+    #[error("request.object is missing on a {0}")]
     MissingObject(String),
     /// Not the request's fault (HTTP 500, so the webhook's failurePolicy applies).
     #[error("internal error: {0}")]
@@ -96,8 +102,12 @@ struct IncomingRequest<'a> {
     namespace: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default, rename = "subResource")]
+    sub_resource: Option<String>,
     #[serde(default, borrow)]
     object: Option<&'a RawValue>,
+    #[serde(default, borrow, rename = "oldObject")]
+    old_object: Option<&'a RawValue>,
 }
 
 /// `request.kind` of an AdmissionReview.
@@ -117,6 +127,10 @@ pub enum Decision {
     Allowed,
     Patched,
     Denied,
+    /// Allowed with a guard warning (Warn mode).
+    Warned,
+    /// Allowed with a guard audit annotation (Audit mode).
+    Audited,
 }
 
 impl Decision {
@@ -125,6 +139,8 @@ impl Decision {
             Self::Allowed => "allowed",
             Self::Patched => "patched",
             Self::Denied => "denied",
+            Self::Warned => "warned",
+            Self::Audited => "audited",
         }
     }
 }
@@ -141,7 +157,21 @@ pub struct Reviewed {
     pub name: String,
     /// Bytes of the JSON Patch sent (before base64), 0 when none.
     pub patch_bytes: usize,
+    /// What the guard decided, when it judged the object: the mode and the outcome.
+    pub guard: Option<GuardOutcome>,
 }
+
+/// A guard decision, for metrics: the mode in force and what came of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardOutcome {
+    pub mode: GuardMode,
+    /// `allowed`, `exempt`, `unjudged`, `denied`, `warned` or `audited`.
+    pub outcome: &'static str,
+}
+
+/// The audit annotation a guard violation records (the API server prefixes it with the
+/// webhook's name).
+pub const GUARD_AUDIT_KEY: &str = "guard-violation";
 
 #[derive(Serialize)]
 struct OutgoingReview<'a> {
@@ -174,10 +204,18 @@ pub struct Response {
 pub struct Status {
     pub code: u16,
     pub message: String,
+    /// A machine-readable reason (`Forbidden` for a guard denial).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
 }
 
-/// Decides one AdmissionReview body for `webhook`.
-pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed, ReviewError> {
+/// Decides one AdmissionReview body for `webhook`; the guard reads the cluster from `view`.
+pub fn review(
+    webhook: Webhook,
+    body: &[u8],
+    policy: &Policy,
+    view: &dyn ClusterView,
+) -> Result<Reviewed, ReviewError> {
     // serde_json skips the parts it does not decode without a depth limit (safely, but it
     // would accept them); refuse absurd nesting anywhere, in one pass over the bytes. The same
     // pass finds the object, so the envelope is parsed without it and the object only once.
@@ -193,7 +231,7 @@ pub fn review(webhook: Webhook, body: &[u8], policy: &Policy) -> Result<Reviewed
         envelope.extend_from_slice(&body[range.end..]);
         Some((envelope, object))
     });
-    review_parsed(webhook, body, split, policy)
+    review_parsed(webhook, body, split, policy, view)
 }
 
 /// [`review`] after the scan: `split` is the envelope without its object and the object,
@@ -203,6 +241,7 @@ fn review_parsed(
     body: &[u8],
     split: Option<(Vec<u8>, &str)>,
     policy: &Policy,
+    view: &dyn ClusterView,
 ) -> Result<Reviewed, ReviewError> {
     let (envelope, split_object): (&[u8], _) = match &split {
         Some((envelope, object)) => (envelope, Some(*object)),
@@ -227,6 +266,7 @@ fn review_parsed(
     };
     let mut outcome = Decision::Allowed;
     let mut patch_bytes = 0;
+    let mut guard_outcome = None;
 
     let is_batch = request.kind.group == "batch" && request.kind.version == "v1";
     let mutable = is_batch && matches!(request.kind.kind.as_str(), "Job" | "CronJob");
@@ -270,6 +310,55 @@ fn review_parsed(
             }
         }
     }
+    let guarded = GuardedKind::from_gvk(
+        &request.kind.group,
+        &request.kind.version,
+        &request.kind.kind,
+    )
+    .filter(|kind| kind.judged_at(&request.operation));
+    if webhook == Webhook::Validate
+        && let Some(kind) = guarded
+        && request
+            .sub_resource
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+    {
+        let object = split_object
+            .or(request.object.map(RawValue::get))
+            .ok_or_else(|| {
+                ReviewError::MissingObject(format!("{} of a {}", request.operation, kind.as_str()))
+            })?;
+        let namespace = request.namespace.as_deref().unwrap_or_default();
+        match read_workload(kind, object, request.old_object) {
+            Err(error) if error.source.is_syntax() || error.source.is_eof() => {
+                return Err(ReviewError::NotJson(error.source));
+            }
+            // The API server has checked the object's schema; this is not expected.
+            Err(error) => response.warnings.push(format!(
+                "gpu-guard: {error}; the GPU-node guard did not judge it"
+            )),
+            Ok(None) => {}
+            Ok(Some(workload)) => {
+                let verdict = guard::judge(
+                    kind,
+                    namespace,
+                    &workload,
+                    &policy.guard,
+                    &policy.devices,
+                    view,
+                )
+                .map_err(|error| ReviewError::Internal(error.to_string()))?;
+                let mode = policy.guard.mode_for(namespace);
+                let (decision, label) = apply_verdict(&verdict, &mut response);
+                outcome = decision;
+                guard_outcome = Some(GuardOutcome {
+                    mode,
+                    outcome: label,
+                });
+            }
+        }
+    }
     for warning in &mut response.warnings {
         truncate_chars(warning, MAX_WARNING_CHARS);
     }
@@ -293,7 +382,74 @@ fn review_parsed(
         namespace: request.namespace.unwrap_or_default(),
         name: request.name.unwrap_or_default(),
         patch_bytes,
+        guard: guard_outcome,
     })
+}
+
+/// The workload to judge, or `None` when there is nothing to judge: an UPDATE that leaves the
+/// pod spec as it was (labels, replicas, status, finalizers: a workload admitted before its
+/// namespace opted in must stay manageable), or one of an object being deleted.
+fn read_workload(
+    kind: GuardedKind,
+    object: &str,
+    old_object: Option<&RawValue>,
+) -> Result<Option<Workload>, guard::DecodeError> {
+    let workload = Workload::from_json(kind, object)?;
+    if workload.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    if let Some(old) = old_object.filter(|old| old.get() != "null")
+        && let Ok(old) = Workload::from_json(kind, old.get())
+        && old.spec == workload.spec
+    {
+        return Ok(None);
+    }
+    Ok(Some(workload))
+}
+
+/// Writes a verdict into the response: a denial, warnings or an audit annotation.
+fn apply_verdict(verdict: &Verdict, response: &mut Response) -> (Decision, &'static str) {
+    let violation = match verdict {
+        Verdict::Allowed(guard::Allowed::Exempt(_)) => return (Decision::Allowed, "exempt"),
+        Verdict::Allowed(guard::Allowed::Unjudged { class }) => {
+            // Only without a cluster; the full text goes to the audit log.
+            response.audit_annotations.insert(
+                GUARD_AUDIT_KEY.to_owned(),
+                format!("gpu-guard: {}", guard::unjudged_message(class)),
+            );
+            response.warnings.push(format!(
+                "gpu-guard: priority not checked: PriorityClass {class:?} is unknown offline"
+            ));
+            return (Decision::Allowed, "unjudged");
+        }
+        Verdict::Allowed(_) => return (Decision::Allowed, "allowed"),
+        Verdict::Violation(violation) => violation,
+    };
+    let message = format!("gpu-guard: {}", violation.message());
+    response
+        .audit_annotations
+        .insert(GUARD_AUDIT_KEY.to_owned(), message.clone());
+    match violation.mode {
+        GuardMode::Enforce => {
+            response.allowed = false;
+            response.status = Some(Status {
+                code: 403,
+                message,
+                reason: Some("Forbidden".to_owned()),
+            });
+            (Decision::Denied, "denied")
+        }
+        GuardMode::Warn => {
+            response.warnings.extend(
+                violation
+                    .warnings()
+                    .into_iter()
+                    .map(|warning| format!("gpu-guard: {warning}")),
+            );
+            (Decision::Warned, "warned")
+        }
+        GuardMode::Audit => (Decision::Audited, "audited"),
+    }
 }
 
 /// What one pass over the body finds: whether it nests too deep, and where the value of
@@ -471,6 +627,7 @@ mod tests {
     #[test]
     fn truncated_bodies_never_panic_the_scan_or_the_review() {
         let policy = Policy::embedded();
+        let view = guard::StaticView::from_policy(&policy.guard.offline);
         let body = std::fs::read(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/admission/009-Job-CREATE-mutate.json"
@@ -483,17 +640,17 @@ mod tests {
             br"\",
         ] {
             assert_eq!(scan_body(text, MAX_DEPTH), BodyScan::default());
-            assert!(review(Webhook::Mutate, text, &policy).is_err());
+            assert!(review(Webhook::Mutate, text, &policy, &view).is_err());
         }
         // Every prefix of a real review, and every single-byte change to a backslash or quote.
         for end in 0..body.len() {
-            let _ = review(Webhook::Mutate, &body[..end], &policy);
+            let _ = review(Webhook::Mutate, &body[..end], &policy, &view);
         }
         for at in (0..body.len()).step_by(7) {
             for byte in [b'\\', b'"', b'{', b'}'] {
                 let mut changed = body.clone();
                 changed[at] = byte;
-                let _ = review(Webhook::Mutate, &changed, &policy);
+                let _ = review(Webhook::Mutate, &changed, &policy, &view);
             }
         }
     }
@@ -501,6 +658,7 @@ mod tests {
     #[test]
     fn the_split_and_the_whole_body_give_the_same_answer() {
         let policy = Policy::embedded();
+        let view = guard::StaticView::from_policy(&policy.guard.offline);
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/admission");
         let mut checked = 0;
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -511,8 +669,8 @@ mod tests {
             let body = std::fs::read(&path).unwrap();
             assert!(scan_body(&body, MAX_DEPTH).object.is_some(), "{path:?}");
             for webhook in [Webhook::Mutate, Webhook::Validate] {
-                let fast = review(webhook, &body, &policy).unwrap();
-                let whole = review_parsed(webhook, &body, None, &policy).unwrap();
+                let fast = review(webhook, &body, &policy, &view).unwrap();
+                let whole = review_parsed(webhook, &body, None, &policy, &view).unwrap();
                 assert_eq!(fast.body, whole.body, "{path:?}");
             }
             checked += 1;

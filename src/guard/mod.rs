@@ -52,6 +52,18 @@ pub enum Allowed {
     PriorityMet { priority: i32, minimum: i32 },
     /// An exemption of the policy file applies (which one).
     Exempt(String),
+    /// It targets GPU nodes, but its priority cannot be known here: the offline view does not
+    /// know its PriorityClass `class` (see [`unjudged_message`]).
+    Unjudged { class: String },
+}
+
+/// What to tell the user about a workload whose PriorityClass the offline view does not know.
+pub fn unjudged_message(class: &str) -> String {
+    format!(
+        "PriorityClass {class:?} is not known offline, so the priority of this workload, which \
+         targets GPU nodes, was not checked; list it in guard.offline.priorityClasses, pass \
+         --priority-class {class}=VALUE, or connect to the cluster"
+    )
 }
 
 /// A workload that targets GPU nodes below its minimum priority.
@@ -136,6 +148,13 @@ pub fn judge(
         guard.minimum_priority.without_device
     };
     let priority = priority(kind, spec, view)?;
+    if let Priority::UnknownClass(class) = &priority
+        && !view.authoritative()
+    {
+        return Ok(Verdict::Allowed(Allowed::Unjudged {
+            class: class.clone(),
+        }));
+    }
     if let Priority::Known { value, .. } = priority
         && value >= minimum
     {

@@ -18,7 +18,8 @@ fn view() -> StaticView {
         },
     ];
     offline.gpu_nodes = vec!["gpu-listed".into()];
-    let mut view = StaticView::from_policy(&offline);
+    // Stands in for the cluster caches: what it does not know does not exist.
+    let mut view = StaticView::from_policy(&offline).authoritative();
     view.add_node(
         serde_json::from_value(json!({
             "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.present": "true"}}

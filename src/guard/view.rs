@@ -29,6 +29,12 @@ pub trait ClusterView: Send + Sync {
     /// Whether the view is complete (its caches have listed once). A name the view does not
     /// know is a finding only in a synced view; in an unsynced one it is an internal error.
     fn synced(&self) -> bool;
+    /// Whether a PriorityClass the view does not know does not exist. True for the cluster
+    /// caches; false for the offline view, which knows only what it was told, so that a
+    /// class missing from it leaves the workload unjudged instead of denied.
+    fn authoritative(&self) -> bool {
+        true
+    }
     /// The value of the PriorityClass `name`, if known (built-in classes included).
     fn priority_class(&self, name: &str) -> Option<i32>;
     /// The PriorityClass with `globalDefault: true` (name and value), if there is one.
@@ -44,6 +50,7 @@ pub struct StaticView {
     classes: BTreeMap<String, (i32, bool)>,
     gpu_nodes: Vec<String>,
     nodes: BTreeMap<String, Arc<Node>>,
+    authoritative: bool,
 }
 
 impl StaticView {
@@ -58,6 +65,14 @@ impl StaticView {
         }
         view.gpu_nodes = offline.gpu_nodes.clone();
         view
+    }
+
+    /// Marks the view as knowing every PriorityClass there is (the classes were read from a
+    /// cluster), so that an unknown class name is a finding.
+    #[must_use]
+    pub fn authoritative(mut self) -> Self {
+        self.authoritative = true;
+        self
     }
 
     /// Adds (or replaces) a PriorityClass.
@@ -76,6 +91,10 @@ impl StaticView {
 impl ClusterView for StaticView {
     fn synced(&self) -> bool {
         true
+    }
+
+    fn authoritative(&self) -> bool {
+        self.authoritative
     }
 
     fn priority_class(&self, name: &str) -> Option<i32> {

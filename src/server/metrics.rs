@@ -19,7 +19,17 @@ pub struct RequestLabels {
     /// The object kind for the kinds gpu-guard knows, `other` for the rest (bounded cardinality).
     pub kind: &'static str,
     pub operation: &'static str,
-    /// `allowed`, `patched`, `denied` or `error` (a 4xx or 5xx answer).
+    /// `allowed`, `patched`, `denied`, `warned`, `audited` or `error` (a 4xx or 5xx answer).
+    pub outcome: &'static str,
+}
+
+/// Labels of a guard decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardLabels {
+    /// `Enforce`, `Warn` or `Audit`: the mode in force for the object's namespace.
+    pub mode: &'static str,
+    /// `allowed`, `exempt`, `unjudged` (no cluster, unknown PriorityClass), `denied`,
+    /// `warned` or `audited`.
     pub outcome: &'static str,
 }
 
@@ -37,6 +47,7 @@ pub struct Metrics {
     pub latency: Family<WebhookLabels, Histogram>,
     pub in_flight: Gauge,
     pub patches: Counter,
+    pub guard_decisions: Family<GuardLabels, Counter>,
     pub panics: Counter,
     pub certificates: CertificateMetrics,
 }
@@ -73,6 +84,12 @@ impl Default for Metrics {
             "JSON patches sent (objects changed)",
             patches.clone(),
         );
+        let guard_decisions = Family::<GuardLabels, Counter>::default();
+        registry.register(
+            "guard_decisions",
+            "GPU-node guard decisions by mode and outcome (allowed, exempt, unjudged, denied, warned, audited)",
+            guard_decisions.clone(),
+        );
         let panics = Counter::default();
         registry.register(
             "handler_panics",
@@ -101,6 +118,7 @@ impl Default for Metrics {
             latency,
             in_flight,
             patches,
+            guard_decisions,
             panics,
             certificates,
         }
@@ -160,7 +178,7 @@ impl Drop for InFlight<'_> {
 
 /// Bounds the `kind` label to the kinds gpu-guard handles.
 pub fn kind_label(kind: &str) -> &'static str {
-    const KNOWN: [&str; 8] = [
+    const KNOWN: [&str; 9] = [
         "Job",
         "CronJob",
         "Pod",
@@ -168,6 +186,7 @@ pub fn kind_label(kind: &str) -> &'static str {
         "StatefulSet",
         "DaemonSet",
         "ReplicaSet",
+        "ReplicationController",
         "",
     ];
     KNOWN

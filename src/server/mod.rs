@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admission::{self, Webhook};
+use crate::guard::{ClusterView, StaticView};
 use crate::policy::Policy;
 use metrics::{Metrics, RequestLabels};
 use tls::{CertificateFiles, CertificateStore};
@@ -93,13 +94,18 @@ pub struct ServerConfig {
 }
 
 /// Decides one request body; [`admission::review`] in production, a stand-in in tests.
-pub type Reviewer =
-    fn(Webhook, &[u8], &Policy) -> Result<admission::Reviewed, admission::ReviewError>;
+pub type Reviewer = fn(
+    Webhook,
+    &[u8],
+    &Policy,
+    &dyn ClusterView,
+) -> Result<admission::Reviewed, admission::ReviewError>;
 
 /// Shared by every request.
-#[derive(Debug)]
 pub struct AppState {
     pub policy: Policy,
+    /// What the guard knows of the cluster: the reflector caches, or the policy's offline facts.
+    pub view: Arc<dyn ClusterView>,
     pub reviewer: Reviewer,
     pub body_timeout: Duration,
     pub ready: AtomicBool,
@@ -108,16 +114,35 @@ pub struct AppState {
     pub certificates: Option<Arc<CertificateStore>>,
 }
 
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("policy", &self.policy)
+            .field("view_synced", &self.view.synced())
+            .field("ready", &self.ready)
+            .field("draining", &self.draining)
+            .finish_non_exhaustive()
+    }
+}
+
 impl AppState {
-    /// State for a router without TLS (tests drive it with `oneshot`): ready at once.
+    /// State for a router without TLS (tests drive it with `oneshot`): ready at once, with the
+    /// policy's offline cluster facts.
     pub fn new(policy: Policy) -> Arc<Self> {
         Self::with_reviewer(policy, admission::review)
     }
 
     /// [`AppState::new`] with another reviewer (tests use one that panics).
     pub fn with_reviewer(policy: Policy, reviewer: Reviewer) -> Arc<Self> {
+        let view = Arc::new(StaticView::from_policy(&policy.guard.offline));
+        Self::with_view(policy, view, reviewer)
+    }
+
+    /// [`AppState::new`] with another cluster view.
+    pub fn with_view(policy: Policy, view: Arc<dyn ClusterView>, reviewer: Reviewer) -> Arc<Self> {
         Arc::new(Self {
             policy,
+            view,
             reviewer,
             body_timeout: BODY_TIMEOUT,
             ready: AtomicBool::new(true),
@@ -182,6 +207,12 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
     } else if !state.ready.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    } else if !state.view.synced() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for the PriorityClass and Node caches to sync\n",
+        )
+            .into_response()
     } else {
         (StatusCode::OK, "ready\n").into_response()
     }
@@ -220,12 +251,24 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
         );
     }
     // The closure only reads the policy and the body; a panic leaves nothing half-updated.
-    let (policy, reviewer) = (&state.policy, state.reviewer);
-    let result = std::panic::catch_unwind(|| reviewer(webhook, body, policy));
+    let (policy, reviewer, view) = (&state.policy, state.reviewer, &*state.view);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        reviewer(webhook, body, policy, view)
+    }));
     match result {
         Ok(Ok(reviewed)) => {
             if reviewed.patch_bytes > 0 {
                 state.metrics.patches.inc();
+            }
+            if let Some(guard) = reviewed.guard {
+                state
+                    .metrics
+                    .guard_decisions
+                    .get_or_create(&metrics::GuardLabels {
+                        mode: guard.mode.as_str(),
+                        outcome: guard.outcome,
+                    })
+                    .inc();
             }
             let latency = in_flight.finish(RequestLabels {
                 webhook: webhook.as_str(),
@@ -300,8 +343,13 @@ impl Running {
     }
 }
 
-/// Binds the listeners and starts serving. Returns once both ports accept connections.
-pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, StartError> {
+/// Binds the listeners and starts serving. Returns once both ports accept connections (the
+/// admin port's `/readyz` also waits for `view` to sync).
+pub async fn start(
+    config: ServerConfig,
+    policy: Policy,
+    view: Arc<dyn ClusterView>,
+) -> Result<Running, StartError> {
     let (key, files) = match &config.certificate {
         CertificateSource::Files { files, poll } => {
             let (key, bytes) = files.load()?;
@@ -327,6 +375,7 @@ pub async fn start(config: ServerConfig, policy: Policy) -> Result<Running, Star
 
     let state = Arc::new(AppState {
         policy,
+        view,
         reviewer: admission::review,
         body_timeout: config.timeouts.body,
         ready: AtomicBool::new(false),

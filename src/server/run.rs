@@ -31,7 +31,9 @@ pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
         timeouts: super::Timeouts::default(),
     };
     runtime.block_on(async move {
-        let running = match start(config, policy).await {
+        let view =
+            std::sync::Arc::new(crate::guard::StaticView::from_policy(&policy.guard.offline));
+        let running = match start(config, policy, view).await {
             Ok(running) => running,
             Err(error) => return failed(format!("cannot start: {error}")),
         };

@@ -1,0 +1,344 @@
+//! `/validate`: the GPU-node guard on real AdmissionReview requests from kube-apiserver v1.36
+//! (the fixtures), and on variants of them.
+
+use gpu_guard::admission::{Decision, GUARD_AUDIT_KEY, ReviewError, Reviewed, Webhook, review};
+use gpu_guard::guard::{ClusterView, KnownNode, StaticView};
+use gpu_guard::policy::{GuardMode, Policy};
+use serde_json::{Value, json};
+
+fn fixture(name: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/admission/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn run(body: &Value, policy: &Policy) -> Result<Reviewed, ReviewError> {
+    let view = StaticView::from_policy(&policy.guard.offline);
+    review(
+        Webhook::Validate,
+        body.to_string().as_bytes(),
+        policy,
+        &view,
+    )
+}
+
+fn answer(reviewed: &Reviewed) -> Value {
+    serde_json::from_slice::<Value>(&reviewed.body).unwrap()["response"].clone()
+}
+
+/// The Pod fixture without priority, made to tolerate the GPU taint.
+fn tolerating_pod() -> Value {
+    let mut body = fixture("016-Pod-CREATE-validate.json");
+    body["request"]["object"]["spec"]["tolerations"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}));
+    body
+}
+
+#[test]
+fn the_fixtures_are_allowed_and_judged() {
+    let policy = Policy::embedded();
+    for name in [
+        "002-Job-CREATE-validate.json",
+        "012-CronJob-CREATE-validate.json",
+        "014-Pod-CREATE-validate.json",
+        "016-Pod-CREATE-validate.json",
+        "020-Job-CREATE-validate.json",
+    ] {
+        let reviewed = run(&fixture(name), &policy).unwrap();
+        let response = answer(&reviewed);
+        assert_eq!(response["allowed"], true, "{name}");
+        assert!(response.get("warnings").is_none(), "{name}: {response}");
+        let guard = reviewed
+            .guard
+            .unwrap_or_else(|| panic!("{name} was not judged"));
+        assert_eq!((guard.mode, guard.outcome), (GuardMode::Enforce, "allowed"));
+    }
+    // A Job UPDATE that leaves the pod spec alone is not judged again.
+    let reviewed = run(&fixture("018-Job-UPDATE-validate.json"), &policy).unwrap();
+    assert_eq!(answer(&reviewed)["allowed"], true);
+    assert_eq!(reviewed.guard, None);
+}
+
+#[test]
+fn a_low_priority_pod_tolerating_the_gpu_taint_is_denied_with_the_fix() {
+    let body = tolerating_pod();
+    let reviewed = run(&body, &Policy::embedded()).unwrap();
+    assert_eq!(reviewed.outcome, Decision::Denied);
+    let response = answer(&reviewed);
+    assert_eq!(response["uid"], body["request"]["uid"]);
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 403);
+    assert_eq!(response["status"]["reason"], "Forbidden");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        "gpu-guard: Pod gpu-lab/pod-no-priority targets GPU nodes without using a device, so it \
+         needs priority >= 1000, but its priority is 0 (spec.priority). Why it targets GPU nodes: \
+         spec.tolerations[2] tolerates the GPU node taint nvidia.com/gpu. Fix: set \
+         spec.priorityClassName to a PriorityClass with value >= 1000, or remove the \
+         nvidia.com/gpu toleration if it does not need a GPU node."
+    );
+    assert_eq!(response["auditAnnotations"][GUARD_AUDIT_KEY], message);
+    // The skip annotation does not help.
+    let mut skipping = body.clone();
+    skipping["request"]["object"]["metadata"]["annotations"] = json!({"gpu-guard.io/skip": "true"});
+    assert_eq!(
+        run(&skipping, &Policy::embedded()).unwrap().outcome,
+        Decision::Denied
+    );
+    // A dry run gets the same answer.
+    let mut dry = body.clone();
+    dry["request"]["dryRun"] = json!(true);
+    assert_eq!(
+        answer(&run(&dry, &Policy::embedded()).unwrap())["status"]["message"],
+        message
+    );
+}
+
+#[test]
+fn a_gpu_pod_below_the_device_minimum_is_denied() {
+    let mut policy = Policy::embedded();
+    policy.guard.minimum_priority.with_device = 200_000;
+    let reviewed = run(&fixture("014-Pod-CREATE-validate.json"), &policy).unwrap();
+    let message = answer(&reviewed)["status"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.starts_with(
+            "gpu-guard: Pod gpu-lab/pod-gpu-priority targets GPU nodes and uses a device, so it \
+             needs priority >= 200000, but its priority is 100000 (spec.priority, from \
+             PriorityClass \"gpu-high\")"
+        ),
+        "{message}"
+    );
+    assert!(message.contains("spec.containers[0].resources.limits[nvidia.com/gpu]"));
+}
+
+#[test]
+fn warn_and_audit_modes_allow_and_say_so() {
+    let mut policy = Policy::embedded();
+    policy
+        .guard
+        .namespace_modes
+        .insert("gpu-lab".into(), GuardMode::Warn);
+    let reviewed = run(&tolerating_pod(), &policy).unwrap();
+    assert_eq!(reviewed.outcome, Decision::Warned);
+    assert_eq!(reviewed.guard.unwrap().mode, GuardMode::Warn);
+    let response = answer(&reviewed);
+    assert_eq!(response["allowed"], true);
+    assert!(response.get("status").is_none());
+    let warnings: Vec<&str> = response["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        warnings[..2],
+        [
+            "gpu-guard: Pod gpu-lab/pod-no-priority: priority 0 is below the minimum 1000 for GPU nodes",
+            "gpu-guard: spec.tolerations[2]: tolerates the GPU node taint nvidia.com/gpu",
+        ]
+    );
+    assert!(warnings[2].starts_with("gpu-guard: fix: set spec.priorityClassName"));
+    assert!(warnings.iter().all(|w| w.chars().count() <= 120));
+
+    policy.guard.namespace_modes.clear();
+    policy.guard.mode = GuardMode::Audit;
+    let reviewed = run(&tolerating_pod(), &policy).unwrap();
+    assert_eq!(reviewed.outcome, Decision::Audited);
+    let response = answer(&reviewed);
+    assert_eq!(response["allowed"], true);
+    assert!(response.get("warnings").is_none());
+    assert!(
+        response["auditAnnotations"][GUARD_AUDIT_KEY]
+            .as_str()
+            .unwrap()
+            .contains("spec.tolerations[2] tolerates the GPU node taint nvidia.com/gpu")
+    );
+}
+
+/// A Deployment review built from the Pod fixture's envelope.
+fn deployment_review(operation: &str, spec: Value, old_spec: Option<Value>) -> Value {
+    let mut body = fixture("016-Pod-CREATE-validate.json");
+    let object = |spec: Value| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "web", "namespace": "gpu-lab"},
+               "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": "web"}}, "spec": spec}}})
+    };
+    let request = &mut body["request"];
+    request["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+    request["resource"] = json!({"group": "apps", "version": "v1", "resource": "deployments"});
+    request["operation"] = json!(operation);
+    request["name"] = json!("web");
+    request["object"] = object(spec);
+    request["oldObject"] = old_spec.map_or(Value::Null, object);
+    body
+}
+
+#[test]
+fn templates_are_judged_at_create_and_at_updates_that_change_the_pod_spec() {
+    let policy = Policy::embedded();
+    let plain = json!({"containers": [{"name": "web", "image": "nginx"}]});
+    let tolerating = json!({"containers": [{"name": "web", "image": "nginx"}],
+                            "tolerations": [{"operator": "Exists"}]});
+
+    let created = run(
+        &deployment_review("CREATE", tolerating.clone(), None),
+        &policy,
+    )
+    .unwrap();
+    assert_eq!(created.outcome, Decision::Denied);
+    let message = answer(&created)["status"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("Deployment gpu-lab/web"), "{message}");
+    assert!(message.contains("spec.template.spec.tolerations[0] tolerates every taint"));
+    assert!(message.contains(
+        "set spec.template.spec.priorityClassName to a PriorityClass with value >= 1000"
+    ));
+
+    // An UPDATE adding the toleration is denied; one leaving it (scaling, relabelling) is not
+    // judged, so a workload admitted before its namespace opted in stays manageable.
+    let adding = deployment_review("UPDATE", tolerating.clone(), Some(plain.clone()));
+    assert_eq!(run(&adding, &policy).unwrap().outcome, Decision::Denied);
+    let unchanged = deployment_review("UPDATE", tolerating.clone(), Some(tolerating.clone()));
+    let reviewed = run(&unchanged, &policy).unwrap();
+    assert_eq!(
+        (reviewed.outcome, reviewed.guard),
+        (Decision::Allowed, None)
+    );
+
+    // Subresources and deletions are not judged.
+    let mut status = deployment_review("UPDATE", tolerating.clone(), Some(plain.clone()));
+    status["request"]["subResource"] = json!("status");
+    assert_eq!(run(&status, &policy).unwrap().outcome, Decision::Allowed);
+    let mut deleting = adding.clone();
+    deleting["request"]["object"]["metadata"]["deletionTimestamp"] = json!("2026-11-29T15:43:04Z");
+    assert_eq!(run(&deleting, &policy).unwrap().outcome, Decision::Allowed);
+
+    // The mutating webhook never judges.
+    let view = StaticView::from_policy(&policy.guard.offline);
+    let mutated = review(
+        Webhook::Mutate,
+        deployment_review("CREATE", tolerating, None)
+            .to_string()
+            .as_bytes(),
+        &policy,
+        &view,
+    )
+    .unwrap();
+    assert_eq!((mutated.outcome, mutated.guard), (Decision::Allowed, None));
+}
+
+#[test]
+fn exempt_namespaces_are_counted_as_exempt() {
+    let mut policy = Policy::embedded();
+    policy.guard.exemptions.namespaces = vec!["gpu-lab".into()];
+    let reviewed = run(&tolerating_pod(), &policy).unwrap();
+    assert_eq!(reviewed.outcome, Decision::Allowed);
+    assert_eq!(reviewed.guard.unwrap().outcome, "exempt");
+}
+
+#[test]
+fn a_malformed_object_is_a_bad_request() {
+    let body = tolerating_pod().to_string();
+    let at = body.find("\"object\":{").unwrap() + "\"object\":{".len();
+    let broken = format!("{}\"metadata\": {{,{}", &body[..at], &body[at..]);
+    let view = StaticView::from_policy(&Policy::embedded().guard.offline);
+    let error = review(
+        Webhook::Validate,
+        broken.as_bytes(),
+        &Policy::embedded(),
+        &view,
+    )
+    .unwrap_err();
+    assert!(!error.is_internal(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .starts_with("the body is not a JSON AdmissionReview"),
+        "{error}"
+    );
+}
+
+/// A cache that has not listed yet.
+struct Unsynced;
+
+impl ClusterView for Unsynced {
+    fn synced(&self) -> bool {
+        false
+    }
+    fn priority_class(&self, _: &str) -> Option<i32> {
+        None
+    }
+    fn global_default_priority_class(&self) -> Option<(String, i32)> {
+        None
+    }
+    fn node(&self, _: &str) -> Option<KnownNode> {
+        None
+    }
+}
+
+#[test]
+fn an_unsynced_cache_is_an_internal_error_only_when_a_lookup_is_needed() {
+    let policy = Policy::embedded();
+    // A Pod carries its resolved priority: no lookup.
+    let pod = review(
+        Webhook::Validate,
+        tolerating_pod().to_string().as_bytes(),
+        &policy,
+        &Unsynced,
+    )
+    .unwrap();
+    assert_eq!(pod.outcome, Decision::Denied);
+    // A template without a class needs the global default.
+    let body = deployment_review(
+        "CREATE",
+        json!({"tolerations": [{"operator": "Exists"}]}),
+        None,
+    );
+    let error = review(
+        Webhook::Validate,
+        body.to_string().as_bytes(),
+        &policy,
+        &Unsynced,
+    )
+    .unwrap_err();
+    assert!(error.is_internal());
+    assert!(error.to_string().contains("has not synced yet"), "{error}");
+}
+
+#[test]
+fn without_a_cluster_an_unknown_class_is_reported_not_denied() {
+    // The Job names PriorityClass gpu-high, which the embedded policy does not list.
+    let body = fixture("006-Job-CREATE-validate.json");
+    let mut policy = Policy::embedded();
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.guard.unwrap().outcome, "unjudged");
+    let answer = answer(&reviewed);
+    assert_eq!(answer["allowed"], true);
+    assert_eq!(
+        answer["warnings"],
+        json!(["gpu-guard: priority not checked: PriorityClass \"gpu-high\" is unknown offline"])
+    );
+    // Listed in the policy file, it is judged (and a GPU job at 100000 passes).
+    policy
+        .guard
+        .offline
+        .priority_classes
+        .push(gpu_guard::policy::OfflinePriorityClass {
+            name: "gpu-high".into(),
+            value: 100_000,
+            global_default: false,
+        });
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.guard.unwrap().outcome, "allowed");
+    assert!(answer(&reviewed).get("warnings").is_none());
+}

@@ -322,10 +322,10 @@ fn without_a_cluster_an_unknown_class_is_reported_not_denied() {
     let mut policy = Policy::embedded();
     let reviewed = run(&body, &policy).unwrap();
     assert_eq!(reviewed.guard.unwrap().outcome, "unjudged");
-    let answer = answer(&reviewed);
-    assert_eq!(answer["allowed"], true);
+    let sent = answer(&reviewed);
+    assert_eq!(sent["allowed"], true);
     assert_eq!(
-        answer["warnings"],
+        sent["warnings"],
         json!(["gpu-guard: priority not checked: PriorityClass \"gpu-high\" is unknown offline"])
     );
     // Listed in the policy file, it is judged (and a GPU job at 100000 passes).

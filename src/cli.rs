@@ -1,4 +1,4 @@
-//! The command line: `gpu-guard mutate | generate | policy`. Each command is a function that
+//! The command line: `gpu-guard serve | mutate | check | generate | policy`. Each command is a function that
 //! returns the text to print and an exit code, so tests can call them without a process.
 
 use std::path::PathBuf;
@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRe
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
+use crate::check;
 use crate::manifest::{self, Document, Format};
 use crate::mutate::{self, SkipReason};
 use crate::object;
@@ -55,6 +56,19 @@ pub enum Command {
     ///
     /// Example: gpu-guard mutate -f k8s/ | kubectl apply -f -
     Mutate(MutateArgs),
+    /// Run the GPU-node priority guard on manifests, as the validating webhook would, and say
+    /// what `mutate` would change.
+    ///
+    /// Reads the same inputs as `mutate`. PriorityClass and Node objects among them, the policy
+    /// file's guard.offline section and --priority-class flags supply the cluster facts; with
+    /// --kubeconfig they are read from the cluster instead. Each Pod and pod-template owner is
+    /// named (file, document, kind, namespace/name) with its verdict and every reason.
+    ///
+    /// Exit status: 0 when nothing would be denied, 1 when something would be, 2 on usage or
+    /// input errors.
+    ///
+    /// Example: gpu-guard check -f k8s/ --priority-class high-priority=1000000
+    Check(CheckArgs),
     /// Print generated configuration.
     #[command(subcommand)]
     Generate(GenerateCommand),
@@ -121,6 +135,29 @@ pub struct MutateArgs {
     /// Print a unified diff of each input against its mutated form instead of the manifests.
     #[arg(long)]
     pub diff: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// A file, a directory, or - for stdin. Repeat for several.
+    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+    pub files: Vec<PathBuf>,
+    /// A PriorityClass value, NAME=VALUE (e.g. high-priority=1000000). Repeatable.
+    #[arg(long = "priority-class", value_name = "NAME=VALUE")]
+    pub priority_classes: Vec<String>,
+    /// The namespace of objects that name none (as kubectl's default namespace).
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: CheckFormat,
+}
+
+/// How `check` prints its findings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -213,6 +250,7 @@ pub fn run(cli: &Cli) -> Report {
         },
         Command::Serve(args) => crate::server::run::serve(args, policy),
         Command::Mutate(args) => run_mutate(args, &policy),
+        Command::Check(args) => run_check(args, &policy),
         Command::Generate(GenerateCommand::FailurePolicy(args)) => {
             run_generate_failure_policy(args, &policy)
         }
@@ -403,6 +441,63 @@ fn unified_diff(file: &str, before: &[Document], after: &[Value]) -> String {
             &format!("b/{}", file.trim_start_matches('/')),
         )
         .to_string()
+}
+
+// === check ===
+
+fn run_check(args: &CheckArgs, policy: &Policy) -> Report {
+    let mut errors = Vec::new();
+    let mut documents = Vec::new();
+    for input in &args.files {
+        match manifest::expand(input) {
+            Ok(files) => {
+                for file in files {
+                    let (read, error) = manifest::read(&file);
+                    documents.extend(read);
+                    errors.extend(error.map(|e| e.to_string()));
+                }
+            }
+            Err(error) => errors.push(format!("{}: {error}", input.display())),
+        }
+    }
+    let objects = check::objects(&documents);
+    let (view, learn_errors) = match check::offline_view(policy, &objects, &args.priority_classes) {
+        Ok(built) => built,
+        Err(message) => {
+            return Report {
+                stderr: format!("error: {message}\n"),
+                exit_code: 2,
+                ..Report::default()
+            };
+        }
+    };
+    errors.extend(learn_errors);
+    let checked = check::check(&objects, policy, &view, &args.namespace);
+    errors.extend(checked.errors.iter().cloned());
+    let stdout = match args.output {
+        CheckFormat::Text => check::render_text(&checked),
+        CheckFormat::Json => {
+            let mut text = serde_json::to_string_pretty(&serde_json::json!({
+                "findings": checked.findings,
+                "errors": errors,
+                "denied": checked.denied(),
+            }))
+            .expect("findings serialize");
+            text.push('\n');
+            text
+        }
+    };
+    Report {
+        stdout,
+        stderr: errors.iter().map(|e| format!("error: {e}\n")).collect(),
+        exit_code: if !errors.is_empty() {
+            2
+        } else if checked.denied() {
+            1
+        } else {
+            0
+        },
+    }
 }
 
 // === generate failure-policy ===

@@ -10,6 +10,7 @@
 //! is the command line. The webhook and the CLI call the same engine.
 
 pub mod admission;
+pub mod check;
 pub mod cli;
 pub mod cluster;
 pub mod field;

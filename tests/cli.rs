@@ -1114,3 +1114,138 @@ fn yaml_1_1_numbers_and_booleans_keep_the_values_kubectl_reads() {
     );
     assert!(out.stdout.contains("quoted: \"0644\""), "{}", out.stdout);
 }
+
+// === check ===
+
+fn check_fixture(name: &str) -> PathBuf {
+    manifest_dir().join("tests/fixtures/check").join(name)
+}
+
+#[test]
+fn check_names_each_object_and_exits_1_when_something_would_be_denied() {
+    let run = run(gpu_guard()
+        .arg("check")
+        .arg("-f")
+        .arg(check_fixture("workloads.yaml")))
+    .expect_code(1);
+    let source = check_fixture("workloads.yaml").display().to_string();
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("{source} (document 1) Deployment research/notebook: DENIED")
+    );
+    assert!(
+        lines[1].contains("needs priority >= 1000, but its priority is 0"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[1].contains(
+            "spec.template.spec.tolerations[0] tolerates the GPU node taint nvidia.com/gpu"
+        )
+    );
+    assert_eq!(
+        lines[2],
+        format!(
+            "{source} (document 2) Job default/train: allowed (targets GPU nodes; priority 100000 >= 0)"
+        )
+    );
+    assert!(
+        lines[3].starts_with("  mutate would: podFailurePolicy (3 rules)"),
+        "{}",
+        lines[3]
+    );
+    assert_eq!(
+        lines[4],
+        format!("{source} (document 3) StatefulSet default/db: allowed")
+    );
+    assert_eq!(lines[5], "3 object(s) checked: 2 allowed, 1 denied");
+    assert_eq!(run.stderr, "");
+}
+
+#[test]
+fn check_in_warn_mode_reports_but_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\nguard:\n  namespaceModes: {research: Warn}\n",
+    )
+    .unwrap();
+    let run = run(gpu_guard()
+        .arg("--policy")
+        .arg(&policy)
+        .args(["check", "-o", "json", "-f"])
+        .arg(check_fixture("workloads.yaml")))
+    .expect_code(0);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["denied"], false);
+    let notebook = &report["findings"][0];
+    assert_eq!(notebook["verdict"], "warned");
+    assert_eq!(notebook["mode"], "Warn");
+    assert_eq!(notebook["priority"], 0);
+    assert_eq!(notebook["minimum"], 1000);
+    assert_eq!(
+        notebook["reasons"],
+        json!([
+            {"field": "spec.template.spec.tolerations[0]", "what": "tolerates the GPU node taint nvidia.com/gpu"},
+            {"field": "spec.template.spec.nodeSelector[nvidia.com/gpu.present]", "what": "selects the GPU node label nvidia.com/gpu.present=true"}
+        ])
+    );
+}
+
+#[test]
+fn check_takes_priority_classes_from_flags_and_reports_unknown_ones() {
+    let file = check_fixture("preemptible.yaml");
+    // Unknown offline: reported, not denied.
+    let unknown = run(gpu_guard().arg("check").arg("-f").arg(&file)).expect_code(0);
+    assert!(
+        unknown
+            .stdout
+            .contains("CronJob experiments/sweep: unjudged"),
+        "{}",
+        unknown.stdout
+    );
+    assert!(
+        unknown
+            .stdout
+            .contains("pass --priority-class preemptible=VALUE")
+    );
+    // A negative class is below withDevice (0): denied.
+    let denied = run(gpu_guard()
+        .args(["check", "--priority-class", "preemptible=-100", "-f"])
+        .arg(&file))
+    .expect_code(1);
+    assert!(
+        denied
+            .stdout
+            .contains("its priority is -100 (PriorityClass \"preemptible\")"),
+        "{}",
+        denied.stdout
+    );
+    assert!(denied.stdout.contains(
+        "spec.jobTemplate.spec.template.spec.containers[0].resources.limits[nvidia.com/gpu]"
+    ));
+    // A malformed flag is a usage error.
+    let bad = run(gpu_guard()
+        .args(["check", "--priority-class", "preemptible", "-f"])
+        .arg(&file))
+    .expect_code(2);
+    assert!(bad.stderr.contains("expected NAME=VALUE"), "{}", bad.stderr);
+}
+
+#[test]
+fn check_exits_2_on_unreadable_input() {
+    let run = run(gpu_guard().args(["check", "-f", "/nonexistent/app.yaml"])).expect_code(2);
+    assert!(
+        run.stderr.contains("/nonexistent/app.yaml"),
+        "{}",
+        run.stderr
+    );
+    let run = run_with_stdin("check", "kind: [unclosed");
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+}
+
+fn run_with_stdin(command: &str, input: &str) -> Run {
+    run(gpu_guard().args([command, "-f", "-"]).write_stdin(input))
+}

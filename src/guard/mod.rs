@@ -92,7 +92,7 @@ pub struct Target {
     pub path: FieldPath,
     /// What it does, e.g. `tolerates the GPU node taint nvidia.com/gpu`.
     pub what: String,
-    /// How to stop it, e.g. `remove the nvidia.com/gpu toleration`.
+    /// What to remove to stop it, e.g. `the nvidia.com/gpu toleration`.
     pub undo: String,
     /// Whether this is a device request (not undone by the fix that lowers the minimum).
     pub device: bool,
@@ -269,7 +269,7 @@ fn targets(
                         .child(field)
                         .key(resource),
                     what: format!("container {:?} uses the device {resource}", container.name),
-                    undo: format!("drop the {resource} request"),
+                    undo: format!("the {resource} request"),
                     device: true,
                 });
                 break; // one reason per container is enough
@@ -285,7 +285,7 @@ fn targets(
                 path,
                 what: "tolerates every taint (operator Exists without a key), GPU taints included"
                     .to_owned(),
-                undo: "replace the tolerate-everything toleration with the taints it needs"
+                undo: "the tolerate-everything toleration (list the taints it needs instead)"
                     .to_owned(),
                 device: false,
             });
@@ -293,7 +293,7 @@ fn targets(
             found.push(Target {
                 path,
                 what: format!("tolerates the GPU node taint {key}"),
-                undo: format!("remove the {key} toleration"),
+                undo: format!("the {key} toleration"),
                 device: false,
             });
         }
@@ -307,7 +307,7 @@ fn targets(
             found.push(Target {
                 path: spec_path.child("nodeSelector").key(key),
                 what: format!("selects the GPU node label {key}={value}"),
-                undo: format!("remove the {key} node selector"),
+                undo: format!("the {key} node selector"),
                 device: false,
             });
         }
@@ -339,7 +339,7 @@ fn targets(
                         found.push(Target {
                             path: term_path.child(field).index(at),
                             what: format!("requires {what} (node affinity term {index})"),
-                            undo: "remove the GPU requirement from the node affinity".to_owned(),
+                            undo: format!("the GPU requirement of node affinity term {index}"),
                             device: false,
                         });
                     }
@@ -353,7 +353,7 @@ fn targets(
         found.push(Target {
             path: spec_path.child("nodeName"),
             what: format!("names the GPU node {node} ({why})"),
-            undo: "do not set nodeName to a GPU node".to_owned(),
+            undo: "spec.nodeName".to_owned(),
             device: false,
         });
     }
@@ -573,11 +573,12 @@ impl Violation {
         if !self.uses_device {
             let mut undo: Vec<&str> = self.targets.iter().map(|t| t.undo.as_str()).collect();
             undo.dedup();
-            let _ = write!(
-                fix,
-                ", or {} if it does not need a GPU node",
-                undo.join(" and ")
-            );
+            let list = match undo.split_last() {
+                Some((last, [])) => (*last).to_owned(),
+                Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                None => String::new(),
+            };
+            let _ = write!(fix, ", or remove {list} if it does not need a GPU node");
         }
         fix
     }

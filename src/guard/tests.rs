@@ -127,9 +127,9 @@ fn every_detection_path_is_found_and_all_are_reported_at_once() {
     assert!(
         message.ends_with(
             "Fix: set spec.template.spec.priorityClassName to a PriorityClass with value >= 1000, \
-         or remove the nvidia.com/gpu toleration and remove the nvidia.com/gpu.present node \
-         selector and remove the GPU requirement from the node affinity and do not set nodeName \
-         to a GPU node if it does not need a GPU node."
+         or remove the nvidia.com/gpu toleration, the nvidia.com/gpu.present node selector, the \
+         GPU requirement of node affinity term 0 and spec.nodeName if it does not need a GPU \
+         node."
         ),
         "{message}"
     );

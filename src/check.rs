@@ -1,0 +1,317 @@
+//! `gpu-guard check`: the guard (and what `mutate` would change) on manifests, offline, for CI.
+//!
+//! The same [`guard::judge`] the webhook calls. Cluster facts come from PriorityClass and Node
+//! objects among the inputs, `--priority-class NAME=VALUE` flags and the policy file's
+//! `guard.offline` section, or from a cluster (`--kubeconfig`). Exit 1 when anything would be
+//! denied, 2 when an input cannot be read, 0 otherwise.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::guard::{self, Allowed, ClusterView, GuardedKind, Priority, StaticView, Verdict};
+use crate::manifest::Document;
+use crate::object;
+use crate::policy::{GuardMode, Policy};
+
+/// One object's result.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Finding {
+    pub source: String,
+    pub document: usize,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    /// `allowed`, `exempt`, `unjudged`, `denied`, `warned`, `audited` or `error`.
+    pub verdict: &'static str,
+    /// The mode in force for the object's namespace.
+    pub mode: &'static str,
+    /// The full explanation (for violations, exemptions, unjudged objects and errors).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Each reason the object targets GPU nodes (violations only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<Reason>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minimum: Option<i32>,
+    /// What `gpu-guard mutate` (and the mutating webhook) would change, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutation: Option<String>,
+}
+
+/// A reason an object targets GPU nodes.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Reason {
+    pub field: String,
+    pub what: String,
+}
+
+/// Everything `check` found.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub findings: Vec<Finding>,
+    /// Inputs that could not be read or decoded.
+    pub errors: Vec<String>,
+}
+
+impl Checked {
+    /// Whether anything would be denied.
+    pub fn denied(&self) -> bool {
+        self.findings.iter().any(|f| f.verdict == "denied")
+    }
+}
+
+/// Every object of the documents, `List` items flattened (an item without `kind` or
+/// `apiVersion` takes them from its list, as `kubectl get -o yaml` writes them).
+pub fn objects(documents: &[Document]) -> Vec<(&Document, Value)> {
+    fn flatten(value: &Value, out: &mut Vec<Value>) {
+        let kind = value
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if let Some(item_kind) = kind.strip_suffix("List")
+            && let Some(items) = value.get("items").and_then(Value::as_array)
+        {
+            let api_version = value.get("apiVersion").cloned().unwrap_or(Value::Null);
+            for item in items {
+                let mut item = item.clone();
+                if let Some(fields) = item.as_object_mut() {
+                    if !item_kind.is_empty() && !fields.contains_key("kind") {
+                        fields.insert("kind".to_owned(), Value::from(item_kind));
+                    }
+                    if !fields.contains_key("apiVersion") && !api_version.is_null() {
+                        fields.insert("apiVersion".to_owned(), api_version.clone());
+                    }
+                }
+                flatten(&item, out);
+            }
+        } else {
+            out.push(value.clone());
+        }
+    }
+    let mut objects = Vec::new();
+    for document in documents {
+        let mut values = Vec::new();
+        flatten(&document.value, &mut values);
+        objects.extend(values.into_iter().map(|value| (document, value)));
+    }
+    objects
+}
+
+/// Adds the PriorityClass and Node objects among `objects` to `view`; returns the errors of
+/// those that cannot be read.
+pub fn learn(view: &mut StaticView, objects: &[(&Document, Value)]) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (document, value) in objects {
+        let api_version = value.get("apiVersion").and_then(Value::as_str);
+        let kind = value.get("kind").and_then(Value::as_str);
+        match (api_version, kind) {
+            (Some("scheduling.k8s.io/v1"), Some("PriorityClass")) => {
+                let name = value.pointer("/metadata/name").and_then(Value::as_str);
+                let class_value = value
+                    .get("value")
+                    .and_then(Value::as_i64)
+                    .and_then(|v| i32::try_from(v).ok());
+                match (name, class_value) {
+                    (Some(name), Some(class_value)) => view.add_priority_class(
+                        name,
+                        class_value,
+                        value.get("globalDefault").and_then(Value::as_bool) == Some(true),
+                    ),
+                    _ => errors.push(format!(
+                        "{} (document {}): a PriorityClass needs metadata.name and an integer \
+                         value",
+                        document.source, document.index
+                    )),
+                }
+            }
+            (Some("v1"), Some("Node")) => match serde_json::from_value(value.clone()) {
+                Ok(node) => view.add_node(node),
+                Err(error) => errors.push(format!(
+                    "{} (document {}): cannot read the Node: {error}",
+                    document.source, document.index
+                )),
+            },
+            _ => {}
+        }
+    }
+    errors
+}
+
+/// Judges every guarded object (and reports what `mutate` would change on Jobs and CronJobs).
+/// `namespace` is used for objects that name none.
+pub fn check(
+    objects: &[(&Document, Value)],
+    policy: &Policy,
+    view: &dyn ClusterView,
+    namespace: &str,
+) -> Checked {
+    let mut checked = Checked::default();
+    for (document, value) in objects {
+        let api_version = value.get("apiVersion").and_then(Value::as_str);
+        let kind = value.get("kind").and_then(Value::as_str);
+        let Some(guarded) = api_version
+            .zip(kind)
+            .and_then(|(api_version, kind)| GuardedKind::from_api_version(api_version, kind))
+        else {
+            continue;
+        };
+        let object_namespace = value
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(namespace)
+            .to_owned();
+        let mode = policy.guard.mode_for(&object_namespace);
+        let mut finding = Finding {
+            source: document.source.clone(),
+            document: document.index,
+            kind: guarded.as_str().to_owned(),
+            namespace: object_namespace.clone(),
+            name: value
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("<unnamed>")
+                .to_owned(),
+            verdict: "allowed",
+            mode: mode.as_str(),
+            message: None,
+            reasons: Vec::new(),
+            priority: None,
+            minimum: None,
+            mutation: None,
+        };
+        let judged = guard::Workload::from_value(guarded, value)
+            .map_err(|error| error.to_string())
+            .and_then(|workload| {
+                guard::judge(
+                    guarded,
+                    &object_namespace,
+                    &workload,
+                    &policy.guard,
+                    &policy.devices,
+                    view,
+                )
+                .map_err(|error| error.to_string())
+            });
+        match judged {
+            Err(message) => {
+                finding.verdict = "error";
+                finding.message = Some(message.clone());
+                checked.errors.push(format!(
+                    "{} (document {}) {} {}: {message}",
+                    finding.source, finding.document, finding.kind, finding.name
+                ));
+            }
+            Ok(Verdict::Allowed(Allowed::Exempt(why))) => {
+                finding.verdict = "exempt";
+                finding.message = Some(why);
+            }
+            Ok(Verdict::Allowed(Allowed::Unjudged { class })) => {
+                finding.verdict = "unjudged";
+                finding.message = Some(guard::unjudged_message(&class));
+            }
+            Ok(Verdict::Allowed(Allowed::PriorityMet { priority, minimum })) => {
+                finding.priority = Some(priority);
+                finding.minimum = Some(minimum);
+            }
+            Ok(Verdict::Allowed(Allowed::NotTargetingGpuNodes | Allowed::Disabled)) => {}
+            Ok(Verdict::Violation(violation)) => {
+                finding.verdict = match violation.mode {
+                    GuardMode::Enforce => "denied",
+                    GuardMode::Warn => "warned",
+                    GuardMode::Audit => "audited",
+                };
+                finding.message = Some(violation.message());
+                finding.reasons = violation
+                    .targets
+                    .iter()
+                    .map(|target| Reason {
+                        field: target.path.to_string(),
+                        what: target.what.clone(),
+                    })
+                    .collect();
+                if let Priority::Known { value, .. } = violation.priority {
+                    finding.priority = Some(value);
+                }
+                finding.minimum = Some(violation.minimum);
+            }
+        }
+        if let Some(Ok(mutation)) = object::mutate_object(value, policy)
+            && !mutation.patch.is_empty()
+        {
+            finding.mutation = Some(mutation.outcome.summary());
+        }
+        checked.findings.push(finding);
+    }
+    checked
+}
+
+/// The text report: one line per object, the explanation indented below it, and a summary.
+pub fn render_text(checked: &Checked) -> String {
+    let mut text = String::new();
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for finding in &checked.findings {
+        *counts.entry(finding.verdict).or_default() += 1;
+        let verdict = match finding.verdict {
+            "denied" => "DENIED",
+            other => other,
+        };
+        text.push_str(&format!(
+            "{} (document {}) {} {}/{}: {verdict}",
+            finding.source, finding.document, finding.kind, finding.namespace, finding.name
+        ));
+        if finding.verdict == "allowed"
+            && let (Some(priority), Some(minimum)) = (finding.priority, finding.minimum)
+        {
+            text.push_str(&format!(
+                " (targets GPU nodes; priority {priority} >= {minimum})"
+            ));
+        }
+        text.push('\n');
+        if let Some(message) = &finding.message {
+            text.push_str(&format!("  {message}\n"));
+        }
+        if let Some(mutation) = &finding.mutation {
+            text.push_str(&format!("  mutate would: {mutation}\n"));
+        }
+    }
+    let summary: Vec<String> = counts
+        .iter()
+        .map(|(verdict, count)| format!("{count} {verdict}"))
+        .collect();
+    text.push_str(&format!(
+        "{} object(s) checked{}{}\n",
+        checked.findings.len(),
+        if summary.is_empty() { "" } else { ": " },
+        summary.join(", ")
+    ));
+    text
+}
+
+/// Builds the offline view: the policy's facts, then objects among the inputs, then flags
+/// (`NAME=VALUE`), later sources replacing earlier ones.
+pub fn offline_view(
+    policy: &Policy,
+    objects: &[(&Document, Value)],
+    flags: &[String],
+) -> Result<(StaticView, Vec<String>), String> {
+    let mut view = StaticView::from_policy(&policy.guard.offline);
+    let errors = learn(&mut view, objects);
+    for flag in flags {
+        let (name, value) = flag
+            .split_once('=')
+            .and_then(|(name, value)| Some((name, value.trim().parse::<i32>().ok()?)))
+            .filter(|(name, _)| !name.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "--priority-class {flag:?}: expected NAME=VALUE with an integer VALUE (e.g. \
+                     high-priority=1000000)"
+                )
+            })?;
+        view.add_priority_class(name, value, false);
+    }
+    Ok((view, errors))
+}

@@ -1,0 +1,904 @@
+//! The cluster caches against a fake API server on a loopback port: the real kube client,
+//! watcher and reflector code paths, over plain HTTP.
+//!
+//! The fake answers what kube's watcher asks: the list (`GET <collection>?limit=500`) with a
+//! `*List` carrying `metadata.resourceVersion`, and the watch
+//! (`?watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=N`) as a stream of
+//! newline-delimited watch events that a test pushes. A test can hold lists or watches
+//! unanswered, end the watch streams, and read the log of requests.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use gpu_guard::cluster::{self, CacheStatus, ClusterCache, ClusterError};
+use gpu_guard::guard::{ClusterView, KnownNode};
+use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Node;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+const CLASSES: &str = "/apis/scheduling.k8s.io/v1/priorityclasses";
+const NODES: &str = "/api/v1/nodes";
+
+/// How long a test waits for the cache (or the fake) to reach an expected state.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// The fake API server
+
+/// One request the fake received.
+#[derive(Clone, Debug)]
+struct Logged {
+    path: String,
+    query: BTreeMap<String, String>,
+    authorization: Option<String>,
+}
+
+impl Logged {
+    fn is_watch(&self) -> bool {
+        self.query.get("watch").map(String::as_str) == Some("true")
+    }
+
+    fn param(&self, name: &str) -> Option<&str> {
+        self.query.get(name).map(String::as_str)
+    }
+}
+
+struct Collection {
+    kind: &'static str,
+    api_version: &'static str,
+    objects: BTreeMap<String, Value>,
+    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+    /// Lists are answered while true.
+    lists_open: watch::Sender<bool>,
+    /// Watches are answered while true.
+    watches_open: watch::Sender<bool>,
+}
+
+impl Collection {
+    fn new(kind: &'static str, api_version: &'static str) -> Self {
+        Self {
+            kind,
+            api_version,
+            objects: BTreeMap::new(),
+            watchers: Vec::new(),
+            lists_open: watch::Sender::new(true),
+            watches_open: watch::Sender::new(true),
+        }
+    }
+}
+
+struct State {
+    resource_version: u64,
+    collections: HashMap<&'static str, Collection>,
+    requests: Vec<Logged>,
+}
+
+#[derive(Clone)]
+struct Fake {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+impl Fake {
+    async fn start() -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let collections = HashMap::from([
+            (
+                CLASSES,
+                Collection::new("PriorityClass", "scheduling.k8s.io/v1"),
+            ),
+            (NODES, Collection::new("Node", "v1")),
+        ]);
+        let fake = Fake {
+            addr,
+            state: Arc::new(Mutex::new(State {
+                resource_version: 1,
+                collections,
+                requests: Vec::new(),
+            })),
+        };
+        let server = fake.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let fake = server.clone();
+                tokio::spawn(async move {
+                    let service =
+                        hyper::service::service_fn(move |request| fake.clone().handle(request));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        fake
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("fake state")
+    }
+
+    async fn handle(self, request: Request<Incoming>) -> Result<Response<FakeBody>, Infallible> {
+        let path = request.uri().path().to_owned();
+        let query: BTreeMap<String, String> = request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| match pair.split_once('=') {
+                Some((key, value)) => (key.to_owned(), value.to_owned()),
+                None => (pair.to_owned(), String::new()),
+            })
+            .collect();
+        let logged = Logged {
+            path: path.clone(),
+            query,
+            authorization: request
+                .headers()
+                .get("authorization")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned),
+        };
+        let watch = logged.is_watch();
+
+        let gate = {
+            let mut state = self.lock();
+            state.requests.push(logged);
+            let Some(collection) = state.collections.get(path.as_str()) else {
+                return Ok(json_response(
+                    StatusCode::NOT_FOUND,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "reason": "NotFound", "code": 404}),
+                ));
+            };
+            if watch {
+                collection.watches_open.subscribe()
+            } else {
+                collection.lists_open.subscribe()
+            }
+        };
+        let mut gate = gate;
+        let _ = gate.wait_for(|open| *open).await;
+
+        let mut state = self.lock();
+        let resource_version = state.resource_version;
+        let Some(collection) = state.collections.get_mut(path.as_str()) else {
+            unreachable!("checked above");
+        };
+        if watch {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            collection.watchers.push(sender);
+            let response = Response::builder()
+                .header("content-type", "application/json")
+                .body(FakeBody::Stream(receiver))
+                .expect("response");
+            Ok(response)
+        } else {
+            let list = json!({
+                "kind": format!("{}List", collection.kind),
+                "apiVersion": collection.api_version,
+                "metadata": {"resourceVersion": resource_version.to_string()},
+                "items": collection.objects.values().collect::<Vec<_>>(),
+            });
+            Ok(json_response(StatusCode::OK, &list))
+        }
+    }
+
+    /// Puts `object` into the collection, silently (as the next list will show it).
+    fn set(&self, path: &str, mut object: Value) -> String {
+        let mut state = self.lock();
+        state.resource_version += 1;
+        let resource_version = state.resource_version.to_string();
+        object["metadata"]["resourceVersion"] = json!(resource_version);
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("object name")
+            .to_owned();
+        state
+            .collections
+            .get_mut(path)
+            .expect("collection")
+            .objects
+            .insert(name, object);
+        resource_version
+    }
+
+    /// Takes `name` out of the collection, silently.
+    fn remove(&self, path: &str, name: &str) {
+        let mut state = self.lock();
+        state.resource_version += 1;
+        state
+            .collections
+            .get_mut(path)
+            .expect("collection")
+            .objects
+            .remove(name);
+    }
+
+    /// Applies an ADDED, MODIFIED or DELETED event to the collection and sends it to the open
+    /// watches; returns the event's resourceVersion.
+    fn event(&self, path: &str, kind: &str, object: Value) -> String {
+        let resource_version = self.set(path, object.clone());
+        let mut state = self.lock();
+        let collection = state.collections.get_mut(path).expect("collection");
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("object name")
+            .to_owned();
+        let mut object = collection.objects[&name].clone();
+        if kind == "DELETED" {
+            collection.objects.remove(&name);
+        }
+        object["metadata"]["resourceVersion"] = json!(resource_version);
+        send(collection, &json!({"type": kind, "object": object}));
+        resource_version
+    }
+
+    /// Sends an ERROR event with `code` (410: the resourceVersion is too old) to the open watches.
+    fn error_event(&self, path: &str, code: u16) {
+        let mut state = self.lock();
+        let collection = state.collections.get_mut(path).expect("collection");
+        send(
+            collection,
+            &json!({"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "too old resource version", "reason": "Expired", "code": code}}),
+        );
+    }
+
+    /// Ends the open watch streams (cleanly, as an API server does on its watch timeout).
+    fn end_watches(&self, path: &str) {
+        self.lock()
+            .collections
+            .get_mut(path)
+            .expect("collection")
+            .watchers
+            .clear();
+    }
+
+    fn hold_lists(&self, path: &str, hold: bool) {
+        let state = self.lock();
+        state.collections[path].lists_open.send_replace(!hold);
+    }
+
+    fn hold_watches(&self, path: &str, hold: bool) {
+        let state = self.lock();
+        state.collections[path].watches_open.send_replace(!hold);
+    }
+
+    /// Watch streams of `path` still read by a client.
+    fn open_watches(&self, path: &str) -> usize {
+        let state = self.lock();
+        state.collections[path]
+            .watchers
+            .iter()
+            .filter(|watcher| !watcher.is_closed())
+            .count()
+    }
+
+    fn requests(&self) -> Vec<Logged> {
+        self.lock().requests.clone()
+    }
+
+    fn lists(&self, path: &str) -> Vec<Logged> {
+        self.requests()
+            .into_iter()
+            .filter(|request| request.path == path && !request.is_watch())
+            .collect()
+    }
+
+    fn watches(&self, path: &str) -> Vec<Logged> {
+        self.requests()
+            .into_iter()
+            .filter(|request| request.path == path && request.is_watch())
+            .collect()
+    }
+}
+
+fn send(collection: &mut Collection, event: &Value) {
+    let mut line = serde_json::to_vec(event).expect("event JSON");
+    line.push(b'\n');
+    let line = Bytes::from(line);
+    collection
+        .watchers
+        .retain(|watcher| watcher.send(line.clone()).is_ok());
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<FakeBody> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(FakeBody::Full(Some(Bytes::from(
+            serde_json::to_vec(body).expect("JSON"),
+        ))))
+        .expect("response")
+}
+
+/// A whole body, or a stream of watch event lines that ends when the fake drops its sender.
+enum FakeBody {
+    Full(Option<Bytes>),
+    Stream(mpsc::UnboundedReceiver<Bytes>),
+}
+
+impl Body for FakeBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            FakeBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
+            FakeBody::Stream(lines) => lines
+                .poll_recv(cx)
+                .map(|line| line.map(|line| Ok(Frame::data(line)))),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects and helpers
+
+fn priority_class(name: &str, value: i32, global_default: bool) -> Value {
+    json!({
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {
+            "name": name,
+            "uid": format!("uid-{name}"),
+            "annotations": {"meta.helm.sh/release-name": "infra"},
+            "managedFields": [{"manager": "helm", "operation": "Update", "apiVersion": "scheduling.k8s.io/v1"}],
+        },
+        "value": value,
+        "globalDefault": global_default,
+        "description": "a long description nobody needs in the cache",
+        "preemptionPolicy": "PreemptLowerPriority",
+    })
+}
+
+fn gpu_node(name: &str, gpus: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": format!("uid-{name}"),
+            "labels": {"nvidia.com/gpu.present": "true", "kubernetes.io/hostname": name},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1"}],
+        },
+        "spec": {
+            "podCIDR": "10.244.1.0/24",
+            "providerID": format!("fake://{name}"),
+            "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        },
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": gpus},
+            "allocatable": {"cpu": "63", "memory": "500Gi", "nvidia.com/gpu": gpus},
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "images": [{"names": ["registry.example/cuda:12"], "sizeBytes": 1_000_000_000u64}],
+            "nodeInfo": {"architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "c",
+                         "kernelVersion": "k", "kubeProxyVersion": "", "kubeletVersion": "v1.36.0",
+                         "machineID": "m", "operatingSystem": "linux", "osImage": "o",
+                         "systemUUID": "s"},
+        },
+    })
+}
+
+fn kube_client(fake: &Fake) -> kube::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = kube::Config::new(fake.url().parse().expect("fake URL"));
+    kube::Client::try_from(config).expect("kube client")
+}
+
+/// Polls `check` until it holds, failing the test after [`DEADLINE`].
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !check() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {DEADLINE:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn node_object(cache: &ClusterCache, name: &str) -> Option<Arc<Node>> {
+    match cache.node(name)? {
+        KnownNode::Object(node) => Some(node),
+        KnownNode::ListedGpuNode => panic!("the cache lists no nodes by name only"),
+    }
+}
+
+fn label(node: &Node, key: &str) -> Option<String> {
+    node.metadata.labels.as_ref()?.get(key).cloned()
+}
+
+fn gpus(node: &Node) -> Option<String> {
+    let capacity = node.status.as_ref()?.capacity.as_ref()?;
+    Some(capacity.get("nvidia.com/gpu")?.0.clone())
+}
+
+fn status(cache: &ClusterCache, resource: &str) -> CacheStatus {
+    cache
+        .status()
+        .into_iter()
+        .find(|status| status.resource == resource)
+        .expect("a status for each resource")
+}
+
+/// A fake with three PriorityClasses and one GPU node, and a cache on it, synced and watching.
+async fn synced_cache() -> (Fake, ClusterCache) {
+    let fake = Fake::start().await;
+    fake.set(CLASSES, priority_class("batch", 500, false));
+    fake.set(CLASSES, priority_class("stale", 1, false));
+    fake.set(NODES, gpu_node("gpu-1", "8"));
+    let cache = ClusterCache::start(kube_client(&fake));
+    assert!(cache.wait_synced(DEADLINE).await, "the cache did not sync");
+    eventually("both watches open", || {
+        fake.open_watches(CLASSES) == 1 && fake.open_watches(NODES) == 1
+    })
+    .await;
+    (fake, cache)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+#[tokio::test]
+async fn synced_only_after_both_lists_then_answers_from_the_cache() {
+    let fake = Fake::start().await;
+    fake.set(CLASSES, priority_class("batch", 500, false));
+    fake.set(CLASSES, priority_class("high-default", 1000, true));
+    fake.set(CLASSES, priority_class("low-default", 100, true));
+    fake.set(NODES, gpu_node("gpu-1", "8"));
+    fake.hold_lists(CLASSES, true);
+    fake.hold_lists(NODES, true);
+
+    let cache = ClusterCache::start(kube_client(&fake));
+    eventually("both lists requested", || {
+        fake.lists(CLASSES).len() == 1 && fake.lists(NODES).len() == 1
+    })
+    .await;
+    assert!(!cache.synced());
+    assert!(!cache.wait_synced(Duration::from_millis(50)).await);
+    assert!(cache.status().iter().all(|status| !status.synced));
+    // Built-in classes are known without a list; nothing else is.
+    assert_eq!(
+        cache.priority_class("system-node-critical"),
+        Some(2_000_001_000)
+    );
+    assert_eq!(cache.priority_class("batch"), None);
+    assert!(cache.node("gpu-1").is_none());
+
+    // PriorityClasses listed, Nodes not yet: not synced.
+    fake.hold_lists(CLASSES, false);
+    eventually("the PriorityClass cache synced", || {
+        status(&cache, "priorityclasses").synced
+    })
+    .await;
+    assert!(!cache.synced());
+    assert!(!status(&cache, "nodes").synced);
+    assert_eq!(cache.priority_class("batch"), Some(500));
+
+    fake.hold_lists(NODES, false);
+    assert!(cache.wait_synced(DEADLINE).await);
+    assert!(cache.synced());
+
+    // What kube asked: a paged list, then a watch from the list's resourceVersion.
+    let list = &fake.lists(CLASSES)[0];
+    assert_eq!(list.param("limit"), Some("500"));
+    assert_eq!(list.param("resourceVersion"), None);
+    eventually("both watches requested", || {
+        fake.watches(CLASSES).len() == 1 && fake.watches(NODES).len() == 1
+    })
+    .await;
+    let watch = &fake.watches(CLASSES)[0];
+    assert_eq!(watch.param("allowWatchBookmarks"), Some("true"));
+    assert_eq!(watch.param("timeoutSeconds"), Some("290"));
+    assert_eq!(watch.param("resourceVersion"), Some("5"));
+
+    // PriorityClasses: from the store, built-ins as a fallback, the lowest of two defaults.
+    assert_eq!(cache.priority_class("batch"), Some(500));
+    assert_eq!(cache.priority_class("high-default"), Some(1000));
+    assert_eq!(
+        cache.priority_class("system-cluster-critical"),
+        Some(2_000_000_000)
+    );
+    assert_eq!(cache.priority_class("no-such-class"), None);
+    assert_eq!(cache.priority_class(""), None);
+    assert_eq!(
+        cache.global_default_priority_class(),
+        Some(("low-default".to_owned(), 100))
+    );
+
+    // Nodes: labels, taints and capacity kept; the rest dropped.
+    let node = node_object(&cache, "gpu-1").expect("gpu-1 is cached");
+    assert_eq!(node.metadata.name.as_deref(), Some("gpu-1"));
+    assert_eq!(
+        label(&node, "nvidia.com/gpu.present").as_deref(),
+        Some("true")
+    );
+    assert_eq!(gpus(&node).as_deref(), Some("8"));
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.taints.clone())
+        .expect("taints kept");
+    assert_eq!(taints.len(), 1);
+    assert_eq!(taints[0].key, "nvidia.com/gpu");
+    assert_eq!(taints[0].effect, "NoSchedule");
+    assert_eq!(node.metadata.annotations, None);
+    assert_eq!(node.metadata.managed_fields, None);
+    assert_eq!(node.metadata.uid, None);
+    let spec = node.spec.as_ref().expect("spec");
+    assert_eq!(spec.pod_cidr, None);
+    assert_eq!(spec.provider_id, None);
+    let node_status = node.status.as_ref().expect("status");
+    assert_eq!(node_status.allocatable, None);
+    assert_eq!(node_status.conditions, None);
+    assert_eq!(node_status.images, None);
+    assert_eq!(node_status.node_info, None);
+    assert!(cache.node("no-such-node").is_none());
+
+    let classes = status(&cache, "priorityclasses");
+    assert!(classes.synced);
+    assert_eq!(classes.objects, 3);
+    assert!(classes.since_last_event.is_some());
+    assert_eq!(classes.watch_errors, 0);
+    let nodes = status(&cache, "nodes");
+    assert!(nodes.synced);
+    assert_eq!(nodes.objects, 1);
+    assert_eq!(
+        cache
+            .status()
+            .iter()
+            .map(|status| status.resource)
+            .collect::<Vec<_>>(),
+        ["priorityclasses", "nodes"]
+    );
+}
+
+#[tokio::test]
+async fn watch_events_change_what_the_view_answers() {
+    let (fake, cache) = synced_cache().await;
+    assert_eq!(cache.global_default_priority_class(), None);
+
+    // PriorityClasses
+    fake.event(CLASSES, "ADDED", priority_class("urgent", 900, false));
+    eventually("urgent added", || {
+        cache.priority_class("urgent") == Some(900)
+    })
+    .await;
+
+    fake.event(CLASSES, "MODIFIED", priority_class("batch", 600, true));
+    eventually("batch modified into the default", || {
+        cache.global_default_priority_class() == Some(("batch".to_owned(), 600))
+    })
+    .await;
+    assert_eq!(cache.priority_class("batch"), Some(600));
+
+    fake.event(CLASSES, "ADDED", priority_class("cheap-default", 10, true));
+    eventually("the lower default wins", || {
+        cache.global_default_priority_class() == Some(("cheap-default".to_owned(), 10))
+    })
+    .await;
+
+    fake.event(
+        CLASSES,
+        "DELETED",
+        priority_class("cheap-default", 10, true),
+    );
+    eventually("cheap-default deleted", || {
+        cache.priority_class("cheap-default").is_none()
+    })
+    .await;
+    assert_eq!(
+        cache.global_default_priority_class(),
+        Some(("batch".to_owned(), 600))
+    );
+
+    // A class named like a built-in: the cluster's object wins while it exists.
+    fake.event(
+        CLASSES,
+        "ADDED",
+        priority_class("system-node-critical", 7, false),
+    );
+    eventually("a cluster object shadows the built-in", || {
+        cache.priority_class("system-node-critical") == Some(7)
+    })
+    .await;
+    fake.event(
+        CLASSES,
+        "DELETED",
+        priority_class("system-node-critical", 7, false),
+    );
+    eventually("back to the built-in", || {
+        cache.priority_class("system-node-critical") == Some(2_000_001_000)
+    })
+    .await;
+
+    // Nodes
+    fake.event(NODES, "ADDED", gpu_node("gpu-2", "4"));
+    eventually("gpu-2 added", || node_object(&cache, "gpu-2").is_some()).await;
+    assert_eq!(
+        gpus(&node_object(&cache, "gpu-2").expect("gpu-2")).as_deref(),
+        Some("4")
+    );
+
+    let mut drained = gpu_node("gpu-1", "8");
+    drained["metadata"]["labels"]["nvidia.com/gpu.present"] = json!("false");
+    drained["spec"]["taints"] = json!([]);
+    fake.event(NODES, "MODIFIED", drained);
+    eventually("gpu-1 modified", || {
+        node_object(&cache, "gpu-1")
+            .is_some_and(|node| label(&node, "nvidia.com/gpu.present").as_deref() == Some("false"))
+    })
+    .await;
+    let node = node_object(&cache, "gpu-1").expect("gpu-1");
+    assert_eq!(
+        node.spec.as_ref().and_then(|spec| spec.taints.clone()),
+        Some(vec![])
+    );
+
+    fake.event(NODES, "DELETED", gpu_node("gpu-2", "4"));
+    eventually("gpu-2 deleted", || cache.node("gpu-2").is_none()).await;
+
+    assert_eq!(status(&cache, "priorityclasses").objects, 3);
+    assert_eq!(status(&cache, "nodes").objects, 1);
+    assert!(cache.synced());
+    // Events came over the one watch per resource, with no relist.
+    assert_eq!(fake.lists(CLASSES).len(), 1);
+    assert_eq!(fake.watches(CLASSES).len(), 1);
+    assert_eq!(fake.watches(NODES).len(), 1);
+    assert_eq!(status(&cache, "priorityclasses").watch_errors, 0);
+}
+
+#[tokio::test]
+async fn a_dropped_watch_resumes_from_the_last_resource_version() {
+    let (fake, cache) = synced_cache().await;
+    let last = fake.event(CLASSES, "ADDED", priority_class("urgent", 900, false));
+    eventually("urgent added", || {
+        cache.priority_class("urgent") == Some(900)
+    })
+    .await;
+
+    // The API server ends the watch and does not answer the next one for now.
+    fake.hold_watches(CLASSES, true);
+    fake.end_watches(CLASSES);
+    eventually("a second watch request", || {
+        fake.watches(CLASSES).len() == 2
+    })
+    .await;
+
+    // kube re-watches from the resourceVersion of the last event it saw; no relist.
+    assert_eq!(
+        fake.watches(CLASSES)[1].param("resourceVersion"),
+        Some(last.as_str())
+    );
+    assert_eq!(fake.lists(CLASSES).len(), 1);
+
+    // While the watch is down, the last known state serves, and the view stays synced.
+    assert!(cache.synced());
+    assert!(status(&cache, "priorityclasses").synced);
+    assert_eq!(cache.priority_class("urgent"), Some(900));
+    assert_eq!(cache.priority_class("batch"), Some(500));
+    assert!(node_object(&cache, "gpu-1").is_some());
+
+    // The watch is answered: new events apply.
+    fake.hold_watches(CLASSES, false);
+    eventually("the resumed watch is open", || {
+        fake.open_watches(CLASSES) == 1
+    })
+    .await;
+    fake.event(CLASSES, "MODIFIED", priority_class("urgent", 950, false));
+    eventually("urgent modified after the resume", || {
+        cache.priority_class("urgent") == Some(950)
+    })
+    .await;
+    fake.event(CLASSES, "DELETED", priority_class("stale", 1, false));
+    eventually("stale deleted after the resume", || {
+        cache.priority_class("stale").is_none()
+    })
+    .await;
+    assert!(cache.synced());
+    assert_eq!(fake.lists(CLASSES).len(), 1);
+    // A clean end of the stream is not an error.
+    assert_eq!(status(&cache, "priorityclasses").watch_errors, 0);
+}
+
+#[tokio::test]
+async fn a_gone_watch_relists_and_the_list_replaces_the_cache() {
+    let (fake, cache) = synced_cache().await;
+
+    // While the watch is out of the API server's window, "stale" goes and "fresh" comes; the
+    // cache hears of neither until it lists again.
+    fake.remove(CLASSES, "stale");
+    fake.set(CLASSES, priority_class("fresh", 700, true));
+    fake.error_event(CLASSES, 410);
+
+    eventually("a relist after 410 Gone", || {
+        // The last known state serves throughout, still synced.
+        assert!(cache.synced());
+        assert_eq!(cache.priority_class("batch"), Some(500));
+        fake.lists(CLASSES).len() == 2
+    })
+    .await;
+    eventually("the relist replaced the cache", || {
+        cache.priority_class("fresh") == Some(700) && cache.priority_class("stale").is_none()
+    })
+    .await;
+    assert!(cache.synced());
+    assert_eq!(
+        cache.global_default_priority_class(),
+        Some(("fresh".to_owned(), 700))
+    );
+    let classes = status(&cache, "priorityclasses");
+    assert_eq!(classes.objects, 2);
+    assert_eq!(classes.watch_errors, 1);
+    // The relist is a plain list, not a resumed watch; the Node watch was not disturbed.
+    assert_eq!(fake.lists(CLASSES)[1].param("resourceVersion"), None);
+    assert_eq!(fake.lists(NODES).len(), 1);
+
+    // A new watch follows the relist, and its events apply.
+    eventually("a new watch", || fake.open_watches(CLASSES) == 1).await;
+    fake.event(CLASSES, "ADDED", priority_class("later", 5, false));
+    eventually("later added", || cache.priority_class("later") == Some(5)).await;
+}
+
+#[tokio::test]
+async fn stop_ends_the_watches() {
+    let (fake, cache) = synced_cache().await;
+    let clone = cache.clone();
+    cache.stop();
+    eventually("the watch connections closed", || {
+        fake.open_watches(CLASSES) == 0 && fake.open_watches(NODES) == 0
+    })
+    .await;
+    // The last state still answers.
+    assert!(clone.synced());
+    assert_eq!(clone.priority_class("batch"), Some(500));
+}
+
+#[tokio::test]
+async fn dropping_the_last_clone_ends_the_watches() {
+    let (fake, cache) = synced_cache().await;
+    let clone = cache.clone();
+    drop(cache);
+    assert_eq!(clone.priority_class("batch"), Some(500));
+    drop(clone);
+    eventually("the watch connections closed", || {
+        fake.open_watches(CLASSES) == 0 && fake.open_watches(NODES) == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn client_from_a_kubeconfig_file() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = Fake::start().await;
+    fake.set(CLASSES, priority_class("batch", 500, false));
+    fake.set(NODES, gpu_node("gpu-1", "8"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\n\
+             kind: Config\n\
+             clusters:\n\
+             - name: other\n  cluster:\n    server: http://127.0.0.1:1\n\
+             - name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n\
+             - name: other\n  context:\n    cluster: other\n    user: guard\n\
+             - name: fake\n  context:\n    cluster: fake\n    user: guard\n\
+             current-context: fake\n\
+             users:\n\
+             - name: guard\n  user:\n    token: secret-token\n",
+            fake.url()
+        ),
+    )
+    .expect("write kubeconfig");
+
+    let client = match cluster::client(Some(&path)).await {
+        Ok(client) => client,
+        Err(error) => panic!("client from {}: {error}", path.display()),
+    };
+    let cache = ClusterCache::start(client);
+    assert!(cache.wait_synced(DEADLINE).await);
+    assert_eq!(cache.priority_class("batch"), Some(500));
+    assert!(cache.node("gpu-1").is_some());
+    // The current context's cluster and user were used.
+    let requests = fake.requests();
+    assert!(!requests.is_empty());
+    assert!(
+        requests
+            .iter()
+            .all(|request| request.authorization.as_deref() == Some("Bearer secret-token")),
+        "{requests:?}"
+    );
+}
+
+#[tokio::test]
+async fn kubeconfig_errors_name_the_file() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    let missing = dir.path().join("missing-kubeconfig");
+    let Err(error) = cluster::client(Some(&missing)).await else {
+        panic!("a client from a missing file");
+    };
+    assert!(
+        matches!(error, ClusterError::KubeconfigRead { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(&missing.display().to_string()),
+        "{message}"
+    );
+    assert!(message.contains("--kubeconfig"), "{message}");
+
+    let broken = dir.path().join("broken-kubeconfig");
+    std::fs::write(&broken, "clusters: [\n  - name: {\n").expect("write");
+    let Err(error) = cluster::client(Some(&broken)).await else {
+        panic!("a client from broken YAML");
+    };
+    assert!(
+        matches!(error, ClusterError::KubeconfigInvalid { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(message.contains(&broken.display().to_string()), "{message}");
+    assert!(message.contains("parse"), "{message}");
+
+    let no_context = dir.path().join("no-context-kubeconfig");
+    std::fs::write(
+        &no_context,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n",
+    )
+    .expect("write");
+    let Err(error) = cluster::client(Some(&no_context)).await else {
+        panic!("a client without a current context");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains(&no_context.display().to_string()),
+        "{message}"
+    );
+    assert!(message.contains("current context"), "{message}");
+
+    let no_server = dir.path().join("no-server-kubeconfig");
+    std::fs::write(
+        &no_server,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\nusers:\n- name: u\n  user: {}\n",
+    )
+    .expect("write");
+    let Err(error) = cluster::client(Some(&no_server)).await else {
+        panic!("a client without a server URL");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains(&no_server.display().to_string()),
+        "{message}"
+    );
+    assert!(message.contains("cluster url is missing"), "{message}");
+}

@@ -110,6 +110,19 @@ pub struct ServeArgs {
     /// Seconds to keep serving after SIGTERM before closing the listener.
     #[arg(long, env = "GPU_GUARD_DRAIN_DELAY_SECONDS", default_value_t = 5)]
     pub drain_delay_seconds: u64,
+    /// Run without an API server: PriorityClasses and GPU nodes come from the policy file's
+    /// guard.offline section. Without this flag and without --kubeconfig, the cluster
+    /// configuration is inferred (KUBECONFIG, ~/.kube/config, in-cluster); when there is none,
+    /// `serve` runs as with --no-cluster and says so in the log.
+    #[arg(long, env = "GPU_GUARD_NO_CLUSTER", conflicts_with = "kubeconfig")]
+    pub no_cluster: bool,
+    /// Kubeconfig file to read PriorityClasses and Nodes with (default: inferred).
+    #[arg(long, env = "GPU_GUARD_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seconds the PriorityClass and Node caches may take to sync at start before a warning is
+    /// logged (readiness stays false until they have synced).
+    #[arg(long, env = "GPU_GUARD_CACHE_SYNC_WARN_SECONDS", default_value_t = 30)]
+    pub cache_sync_warn_seconds: u64,
     /// Print the effective configuration (flags, environment, policy source) and exit.
     #[arg(long)]
     #[serde(skip)]

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use gpu_guard::guard::{ClusterView, StaticView};
+use gpu_guard::guard::ClusterView;
 use gpu_guard::object::mutate_object;
 use gpu_guard::patch;
 use gpu_guard::policy::Policy;
 use gpu_guard::server::tls::{CertificateFiles, GeneratedPair, generate_self_signed};
-use gpu_guard::server::{CertificateSource, Running, ServerConfig, Timeouts, start};
+use gpu_guard::server::{CertificateSource, ClusterSource, Running, ServerConfig, Timeouts, start};
 use json_patch::Patch;
 use serde_json::{Value, json};
 
@@ -61,11 +61,20 @@ fn write_pair(dir: &Path, pair: &GeneratedPair) {
 }
 
 /// The cluster facts of the embedded policy (no API server).
-fn offline_view() -> Arc<dyn ClusterView> {
-    Arc::new(StaticView::from_policy(&Policy::embedded().guard.offline))
+fn offline_view() -> ClusterSource {
+    ClusterSource::offline(&Policy::embedded())
 }
 
 async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
+    server_with(dir, pair, drain, offline_view()).await
+}
+
+async fn server_with(
+    dir: &Path,
+    pair: &GeneratedPair,
+    drain: Duration,
+    cluster: ClusterSource,
+) -> Running {
     let _ = rustls::crypto::ring::default_provider().install_default();
     write_pair(dir, pair);
     let localhost: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -89,7 +98,7 @@ async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
             },
         },
         Policy::embedded(),
-        offline_view(),
+        cluster,
     )
     .await
     .unwrap()
@@ -790,5 +799,125 @@ async fn a_key_that_does_not_match_the_certificate_is_refused_at_start() {
     let running = start(config("own.key"), Policy::embedded(), offline_view())
         .await
         .unwrap();
+    running.shutdown().await;
+}
+
+/// The Pod fixture without priority, made to tolerate the GPU taint.
+fn tolerating_pod() -> Value {
+    let mut body: Value = serde_json::from_slice(
+        &std::fs::read("tests/fixtures/admission/016-Pod-CREATE-validate.json").unwrap(),
+    )
+    .unwrap();
+    body["request"]["object"]["spec"]["tolerations"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "nvidia.com/gpu", "operator": "Exists"}));
+    body
+}
+
+async fn admin_get(running: &Running, path: &str) -> (u16, String) {
+    let response = reqwest::Client::new()
+        .get(format!("http://{}{path}", running.admin_addr))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_low_priority_pod_on_gpu_nodes_is_denied_over_https_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server(dir.path(), &pair, Duration::ZERO).await;
+    let client = client(&pair.ca_pem);
+    let body = tolerating_pod();
+    let (status, text) = post(
+        &client,
+        &url(&running, "/validate"),
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "a denial is an answer, not an HTTP error");
+    let response: Value = serde_json::from_str(&text).unwrap();
+    check_response("validate", &body, &response);
+    let answer = &response["response"];
+    assert_eq!(answer["allowed"], false);
+    assert_eq!(answer["status"]["code"], 403);
+    let message = answer["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.tolerations[2] tolerates the GPU node taint nvidia.com/gpu"),
+        "{message}"
+    );
+    let (_, metrics) = admin_get(&running, "/metrics").await;
+    assert!(
+        metrics.contains("gpu_guard_guard_decisions_total{mode=\"Enforce\",outcome=\"denied\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        "gpu_guard_admission_requests_total{webhook=\"validate\",kind=\"Pod\",operation=\"CREATE\",outcome=\"denied\"} 1"
+    ));
+    // No cluster: no cache metrics.
+    assert!(!metrics.contains("gpu_guard_cluster_cache_synced{"));
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn readiness_waits_for_the_cluster_caches_and_lookups_meanwhile_are_500() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // An API server that refuses connections: the caches never sync.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = closed.local_addr().unwrap();
+    drop(closed);
+    let config = kube::Config::new(format!("http://{address}").parse().unwrap());
+    let cache = gpu_guard::cluster::ClusterCache::start(kube::Client::try_from(config).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server_with(
+        dir.path(),
+        &pair,
+        Duration::ZERO,
+        ClusterSource::Cache(cache),
+    )
+    .await;
+    let (status, text) = admin_get(&running, "/readyz").await;
+    assert_eq!(
+        (status, text.as_str()),
+        (
+            503,
+            "waiting for the PriorityClass and Node caches to sync\n"
+        )
+    );
+    let (_, metrics) = admin_get(&running, "/metrics").await;
+    assert!(
+        metrics.contains("gpu_guard_cluster_cache_synced{resource=\"nodes\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gpu_guard_cluster_cache_synced{resource=\"priorityclasses\"} 0"));
+
+    let client = client(&pair.ca_pem);
+    // A Pod carries its priority: judged without the caches.
+    let (status, _) = post(
+        &client,
+        &url(&running, "/validate"),
+        tolerating_pod().to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // A template needs the PriorityClass cache: 500, so the failurePolicy applies.
+    let mut deployment = tolerating_pod();
+    let request = &mut deployment["request"];
+    request["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+    request["object"] = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "gpu-lab"},
+        "spec": {"template": {"spec": {"priorityClassName": "high",
+            "tolerations": [{"operator": "Exists"}], "containers": [{"name": "web", "image": "nginx"}]}}}});
+    let (status, text) = post(
+        &client,
+        &url(&running, "/validate"),
+        deployment.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("has not synced yet"), "{text}");
     running.shutdown().await;
 }

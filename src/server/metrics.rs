@@ -1,6 +1,7 @@
 //! Prometheus metrics of the webhook server. The registry is owned by the server's state (not a
 //! global), so tests read the same counters `/metrics` exposes.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -33,6 +34,13 @@ pub struct GuardLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of a cluster cache.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `priorityclasses` or `nodes`.
+    pub resource: &'static str,
+}
+
 /// Labels of the latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WebhookLabels {
@@ -48,6 +56,10 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub patches: Counter,
     pub guard_decisions: Family<GuardLabels, Counter>,
+    pub cache_synced: Family<CacheLabels, Gauge>,
+    pub cache_objects: Family<CacheLabels, Gauge>,
+    pub cache_last_event_age: Family<CacheLabels, Gauge<f64, AtomicU64>>,
+    pub cache_watch_errors: Family<CacheLabels, Counter>,
     pub panics: Counter,
     pub certificates: CertificateMetrics,
 }
@@ -90,6 +102,30 @@ impl Default for Metrics {
             "GPU-node guard decisions by mode and outcome (allowed, exempt, unjudged, denied, warned, audited)",
             guard_decisions.clone(),
         );
+        let cache_synced = Family::<CacheLabels, Gauge>::default();
+        registry.register(
+            "cluster_cache_synced",
+            "1 once the cache has had its first complete list (PriorityClasses, Nodes); absent with --no-cluster",
+            cache_synced.clone(),
+        );
+        let cache_objects = Family::<CacheLabels, Gauge>::default();
+        registry.register(
+            "cluster_cache_objects",
+            "Objects held by the cluster cache",
+            cache_objects.clone(),
+        );
+        let cache_last_event_age = Family::<CacheLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "cluster_cache_last_event_age_seconds",
+            "Seconds since the cluster cache last received an event (grows on a quiet cluster)",
+            cache_last_event_age.clone(),
+        );
+        let cache_watch_errors = Family::<CacheLabels, Counter>::default();
+        registry.register(
+            "cluster_cache_watch_errors",
+            "Failed lists and watches of the cluster cache (each retried with backoff)",
+            cache_watch_errors.clone(),
+        );
         let panics = Counter::default();
         registry.register(
             "handler_panics",
@@ -119,6 +155,10 @@ impl Default for Metrics {
             in_flight,
             patches,
             guard_decisions,
+            cache_synced,
+            cache_objects,
+            cache_last_event_age,
+            cache_watch_errors,
             panics,
             certificates,
         }
@@ -132,6 +172,28 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
         text
+    }
+
+    /// Copies the caches' state into their metrics (called at each scrape).
+    pub fn observe_caches(&self, caches: &[crate::cluster::CacheStatus]) {
+        for cache in caches {
+            let labels = CacheLabels {
+                resource: cache.resource,
+            };
+            self.cache_synced
+                .get_or_create(&labels)
+                .set(i64::from(cache.synced));
+            self.cache_objects
+                .get_or_create(&labels)
+                .set(i64::try_from(cache.objects).unwrap_or(i64::MAX));
+            if let Some(age) = cache.since_last_event {
+                self.cache_last_event_age
+                    .get_or_create(&labels)
+                    .set(age.as_secs_f64());
+            }
+            let errors = self.cache_watch_errors.get_or_create(&labels);
+            errors.inc_by(cache.watch_errors.saturating_sub(errors.get()));
+        }
     }
 
     /// Counts one request in flight until the guard is dropped.

@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admission::{self, Webhook};
+use crate::cluster::ClusterCache;
 use crate::guard::{ClusterView, StaticView};
 use crate::policy::Policy;
 use metrics::{Metrics, RequestLabels};
@@ -93,6 +94,22 @@ pub struct ServerConfig {
     pub timeouts: Timeouts,
 }
 
+/// Where the guard's view of the cluster comes from.
+#[derive(Debug)]
+pub enum ClusterSource {
+    /// The policy file's offline facts (`serve --no-cluster`, or no cluster configured).
+    Offline(StaticView),
+    /// Reflector caches of a cluster; `/readyz` waits for them to sync.
+    Cache(ClusterCache),
+}
+
+impl ClusterSource {
+    /// The policy's offline facts.
+    pub fn offline(policy: &Policy) -> Self {
+        Self::Offline(StaticView::from_policy(&policy.guard.offline))
+    }
+}
+
 /// Decides one request body; [`admission::review`] in production, a stand-in in tests.
 pub type Reviewer = fn(
     Webhook,
@@ -106,6 +123,8 @@ pub struct AppState {
     pub policy: Policy,
     /// What the guard knows of the cluster: the reflector caches, or the policy's offline facts.
     pub view: Arc<dyn ClusterView>,
+    /// The caches behind `view` when there is a cluster (for their metrics).
+    pub cluster: Option<ClusterCache>,
     pub reviewer: Reviewer,
     pub body_timeout: Duration,
     pub ready: AtomicBool,
@@ -143,6 +162,7 @@ impl AppState {
         Arc::new(Self {
             policy,
             view,
+            cluster: None,
             reviewer,
             body_timeout: BODY_TIMEOUT,
             ready: AtomicBool::new(true),
@@ -219,6 +239,9 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    if let Some(cluster) = &state.cluster {
+        state.metrics.observe_caches(&cluster.status());
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -348,8 +371,12 @@ impl Running {
 pub async fn start(
     config: ServerConfig,
     policy: Policy,
-    view: Arc<dyn ClusterView>,
+    cluster: ClusterSource,
 ) -> Result<Running, StartError> {
+    let (view, cluster): (Arc<dyn ClusterView>, _) = match cluster {
+        ClusterSource::Offline(view) => (Arc::new(view), None),
+        ClusterSource::Cache(cache) => (Arc::new(cache.clone()), Some(cache)),
+    };
     let (key, files) = match &config.certificate {
         CertificateSource::Files { files, poll } => {
             let (key, bytes) = files.load()?;
@@ -376,6 +403,7 @@ pub async fn start(
     let state = Arc::new(AppState {
         policy,
         view,
+        cluster,
         reviewer: admission::review,
         body_timeout: config.timeouts.body,
         ready: AtomicBool::new(false),

@@ -5,8 +5,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use tracing_subscriber::EnvFilter;
 
-use super::{CertificateSource, ServerConfig, start, tls};
+use super::{CertificateSource, ClusterSource, ServerConfig, start, tls};
 use crate::cli::{LogFormat, Report, ServeArgs};
+use crate::cluster;
 use crate::policy::Policy;
 
 /// Runs the server until a signal stops it.
@@ -31,9 +32,25 @@ pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
         timeouts: super::Timeouts::default(),
     };
     runtime.block_on(async move {
-        let view =
-            std::sync::Arc::new(crate::guard::StaticView::from_policy(&policy.guard.offline));
-        let running = match start(config, policy, view).await {
+        let cluster = match cluster_source(args, &policy).await {
+            Ok(cluster) => cluster,
+            Err(message) => return failed(message),
+        };
+        if let ClusterSource::Cache(cache) = &cluster {
+            let cache = cache.clone();
+            let warn_after = Duration::from_secs(args.cache_sync_warn_seconds.max(1));
+            tokio::spawn(async move {
+                if !cache.wait_synced(warn_after).await {
+                    tracing::warn!(
+                        waited_s = warn_after.as_secs(),
+                        "the PriorityClass and Node caches have not synced yet; /readyz stays \
+                         false until they do (check the API server address and RBAC: get, list \
+                         and watch on priorityclasses and nodes)"
+                    );
+                }
+            });
+        }
+        let running = match start(config, policy, cluster).await {
             Ok(running) => running,
             Err(error) => return failed(format!("cannot start: {error}")),
         };
@@ -48,6 +65,28 @@ pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
             }
         }
     })
+}
+
+/// The guard's view of the cluster: `--no-cluster`, `--kubeconfig`, or inferred (and offline,
+/// with a warning, when no cluster is configured at all).
+async fn cluster_source(args: &ServeArgs, policy: &Policy) -> Result<ClusterSource, String> {
+    if args.no_cluster {
+        tracing::info!("--no-cluster: PriorityClasses and GPU nodes come from the policy file");
+        return Ok(ClusterSource::offline(policy));
+    }
+    if args.kubeconfig.is_none() && cluster::config_source().is_none() {
+        tracing::warn!(
+            "no cluster configured (no --kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster \
+             service account): running as with --no-cluster; PriorityClasses and GPU nodes \
+             come from the policy file"
+        );
+        return Ok(ClusterSource::offline(policy));
+    }
+    let client = cluster::client(args.kubeconfig.as_deref())
+        .await
+        .map_err(|error| error.to_string())?;
+    tracing::info!("watching PriorityClasses and Nodes");
+    Ok(ClusterSource::Cache(cluster::ClusterCache::start(client)))
 }
 
 fn failed(message: String) -> Report {

@@ -75,6 +75,15 @@ pub enum Command {
     /// Check or show a policy file.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Run the node health controller and device-failure pod watcher.
+    ///
+    /// Taints GPU nodes whose devices degrade (gpu-guard.io/device-degraded) so retried pods
+    /// land elsewhere, removes its own taint when they recover, and marks pods hit by a device
+    /// failure with the condition gpu-guard.io/DeviceFailure=True (optionally evicting them),
+    /// as the policy file's controller section says. Only the holder of the leader Lease acts.
+    /// Plain-HTTP /healthz, /readyz and /metrics on --admin-listen. SIGTERM: stop after the
+    /// pass in progress, release the Lease, exit 0.
+    Controller(ControllerArgs),
 }
 
 #[derive(Debug, Args, serde::Serialize)]
@@ -127,6 +136,41 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(skip)]
     pub print_config: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Kubeconfig file (default: inferred: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "GPU_GUARD_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Change nothing (no taint, pod condition or eviction); log, count and emit Events only.
+    /// Overrides the policy's controller.dryRun when set.
+    #[arg(long, env = "GPU_GUARD_DRY_RUN")]
+    pub dry_run: bool,
+    /// Address of the plain-HTTP admin listener (/healthz, /readyz, /metrics).
+    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8081")]
+    pub admin_listen: std::net::SocketAddr,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-guard")]
+    pub lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "GPU_GUARD_LEASE_NAME", default_value = crate::controller::LEASE_NAME)]
+    pub lease_name: String,
+    /// Seconds a Lease lasts without renewal (renewed every third of it).
+    #[arg(long, env = "GPU_GUARD_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// This replica's identity in the Lease and in Events (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Act without leader election (one replica only, or local testing).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Log format.
+    #[arg(long, env = "GPU_GUARD_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log level or tracing filter (e.g. info, debug, gpu_guard=debug).
+    #[arg(long, env = "GPU_GUARD_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
 }
 
 /// How logs are written.
@@ -274,6 +318,7 @@ pub fn run(cli: &Cli) -> Report {
         Command::Policy(PolicyCommand::Check { .. } | PolicyCommand::Schema) => {
             unreachable!("handled before the policy is loaded")
         }
+        Command::Controller(args) => crate::controller::run::controller(args, policy),
     }
 }
 

@@ -13,6 +13,7 @@
 //! assert!(!policy.devices.is_device_resource("cpu"));
 //! ```
 
+mod controller;
 mod guard;
 mod load;
 mod validate;
@@ -25,6 +26,8 @@ pub use guard::{
     OfflinePriorityClass,
 };
 pub use load::{PolicyError, PolicyProblem, load, parse};
+
+pub use controller::{Controller, NodeHealth, PodWatcher, UnusableThreshold};
 
 /// The `apiVersion` a policy file declares.
 pub const API_VERSION: &str = "gpu-guard.io/v1alpha1";
@@ -50,6 +53,8 @@ pub struct Policy {
     pub mutation: Mutation,
     /// What the validating webhook and `gpu-guard check` allow on GPU nodes.
     pub guard: Guard,
+    /// What `gpu-guard controller` does about degraded GPU nodes and the pods on them.
+    pub controller: Controller,
 }
 
 impl Default for Policy {
@@ -60,6 +65,7 @@ impl Default for Policy {
             devices: DeviceResources::default(),
             mutation: Mutation::default(),
             guard: Guard::default(),
+            controller: Controller::default(),
         }
     }
 }

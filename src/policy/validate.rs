@@ -224,6 +224,7 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
         );
     }
     problems.extend(validate_guard(&policy.guard));
+    problems.extend(super::controller::validate_controller(&policy.controller));
     problems
 }
 

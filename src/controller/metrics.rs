@@ -1,0 +1,159 @@
+//! Prometheus metrics of `gpu-guard controller`, owned by the controller (not a global), so
+//! tests read the same counters `/metrics` exposes. Counters count what was done, or in a dry
+//! run what would have been done (`gpu_guard_controller_dry_run` tells which).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
+/// `_total` appended), for documentation and dashboards.
+pub const METRIC_NAMES: [(&str, &str); 14] = [
+    ("gpu_guard_controller_gpu_nodes", "gauge"),
+    ("gpu_guard_controller_degraded_nodes", "gauge"),
+    ("gpu_guard_controller_tainted_nodes", "gauge"),
+    ("gpu_guard_controller_taints_added_total", "counter"),
+    ("gpu_guard_controller_taints_removed_total", "counter"),
+    ("gpu_guard_controller_pods_marked_total", "counter"),
+    ("gpu_guard_controller_pods_evicted_total", "counter"),
+    ("gpu_guard_controller_evictions_deferred_total", "counter"),
+    ("gpu_guard_controller_safety_valve_trips_total", "counter"),
+    ("gpu_guard_controller_reconcile_errors_total", "counter"),
+    ("gpu_guard_controller_passes_total", "counter"),
+    ("gpu_guard_controller_leader", "gauge"),
+    ("gpu_guard_controller_dry_run", "gauge"),
+    ("gpu_guard_controller_caches_synced", "gauge"),
+];
+
+/// Every metric the controller exports.
+#[derive(Debug)]
+pub struct ControllerMetrics {
+    pub registry: Registry,
+    pub gpu_nodes: Gauge,
+    pub degraded_nodes: Gauge,
+    pub tainted_nodes: Gauge,
+    pub taints_added: Counter,
+    pub taints_removed: Counter,
+    pub pods_marked: Counter,
+    pub pods_evicted: Counter,
+    pub evictions_deferred: Counter,
+    pub safety_valve_trips: Counter,
+    pub reconcile_errors: Counter,
+    pub passes: Counter,
+    pub leader: Gauge,
+    pub dry_run: Gauge,
+    pub caches_synced: Gauge,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("gpu_guard");
+        macro_rules! register {
+            ($metric:expr, $name:literal, $help:literal) => {{
+                let metric = $metric;
+                registry.register($name, $help, metric.clone());
+                metric
+            }};
+        }
+        Self {
+            gpu_nodes: register!(
+                Gauge::default(),
+                "controller_gpu_nodes",
+                "Nodes with capacity and allocatable for a configured device resource"
+            ),
+            degraded_nodes: register!(
+                Gauge::default(),
+                "controller_degraded_nodes",
+                "GPU nodes whose unusable devices reach the threshold (tainted or not yet)"
+            ),
+            tainted_nodes: register!(
+                Gauge::default(),
+                "controller_tainted_nodes",
+                "GPU nodes holding gpu-guard's device-degraded taint (in a dry run: would)"
+            ),
+            taints_added: register!(
+                Counter::default(),
+                "controller_taints_added",
+                "Device-degraded taints added (in a dry run: that would have been)"
+            ),
+            taints_removed: register!(
+                Counter::default(),
+                "controller_taints_removed",
+                "Device-degraded taints removed after recovery (in a dry run: that would have been)"
+            ),
+            pods_marked: register!(
+                Counter::default(),
+                "controller_pods_marked",
+                "Pods given the condition gpu-guard.io/DeviceFailure=True (in a dry run: that would have been)"
+            ),
+            pods_evicted: register!(
+                Counter::default(),
+                "controller_pods_evicted",
+                "Pods evicted through the Eviction API (in a dry run: that would have been)"
+            ),
+            evictions_deferred: register!(
+                Counter::default(),
+                "controller_evictions_deferred",
+                "Evictions put off to a later pass: rate limit reached, or refused by a PodDisruptionBudget (429)"
+            ),
+            safety_valve_trips: register!(
+                Counter::default(),
+                "controller_safety_valve_trips",
+                "Degraded nodes left untainted because maxTaintedPercent of GPU nodes are tainted"
+            ),
+            reconcile_errors: register!(
+                Counter::default(),
+                "controller_reconcile_errors",
+                "Failed API calls while applying decisions (retried on the next pass)"
+            ),
+            passes: register!(
+                Counter::default(),
+                "controller_passes",
+                "Reconcile passes over nodes and pods"
+            ),
+            leader: register!(
+                Gauge::default(),
+                "controller_leader",
+                "1 while this replica holds the leader Lease and acts"
+            ),
+            dry_run: register!(
+                Gauge::default(),
+                "controller_dry_run",
+                "1 when the controller runs in dry-run mode (changes nothing)"
+            ),
+            caches_synced: register!(
+                Gauge::default(),
+                "controller_caches_synced",
+                "1 once the Node, Pod and Namespace caches have listed"
+            ),
+            registry,
+        }
+    }
+}
+
+impl ControllerMetrics {
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_name_is_exposed() {
+        let text = ControllerMetrics::default().encode();
+        for (name, kind) in METRIC_NAMES {
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            assert!(
+                text.contains(&format!("# TYPE {family} {kind}")),
+                "{name} missing from\n{text}"
+            );
+        }
+    }
+}

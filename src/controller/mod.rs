@@ -1,0 +1,102 @@
+//! The node health controller and device-failure pod watcher (`gpu-guard controller`).
+//!
+//! The decisions are pure functions, table-tested: [`node::node_verdict`] (is a GPU node
+//! degraded, should gpu-guard's taint be added or removed) and [`pod::pod_verdict`] (was a pod
+//! hit by a device failure: mark it, evict it). The [`reconcile::Reconciler`] only applies them,
+//! from caches of Nodes, Pods and opted-in Namespaces, on a timer and after watch events.
+//!
+//! Only one replica acts at a time: the holder of a `coordination.k8s.io/v1` Lease
+//! ([`lease`]). The others keep their caches warm and are ready, but change nothing.
+
+pub mod lease;
+pub mod metrics;
+pub mod node;
+pub mod pod;
+pub mod reconcile;
+pub mod run;
+
+/// The namespace label that opts a namespace's pods in (the webhooks use the same one).
+pub const NAMESPACE_OPT_IN_LABEL: &str = "gpu-guard.io/enabled";
+/// `reportingController` of the controller's Events.
+pub const EVENT_REPORTER: &str = "gpu-guard.io/controller";
+
+/// The admin port (`/healthz`, `/readyz`, `/metrics`), plain HTTP.
+pub const ADMIN_PORT: u16 = 8081;
+/// The default Lease name.
+pub const LEASE_NAME: &str = "gpu-guard-controller";
+
+/// One RBAC rule of the controller's ClusterRole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyRule {
+    pub api_groups: &'static [&'static str],
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+}
+
+/// The controller's ClusterRole rules, for the manifest generator. Each rule, why:
+/// - nodes get/list/watch/patch: judge nodes; add and remove the taint (a merge patch);
+/// - pods get/list/watch: find pods hit by a device failure;
+/// - pods/status patch: add the `gpu-guard.io/DeviceFailure` condition;
+/// - pods/eviction create: evict hit pods (`controller.pods.evictPods`);
+/// - namespaces get/list/watch: which namespaces opted in (label `gpu-guard.io/enabled`);
+/// - events (`events.k8s.io` and core) create/patch: kube's event recorder creates
+///   `events.k8s.io/v1` Events and patches them when one repeats (an event series);
+/// - leases get/create/update: leader election. A ClusterRole for simplicity; the generator
+///   may narrow leases to a Role in the controller's namespace.
+pub const RBAC_RULES: &[PolicyRule] = &[
+    PolicyRule {
+        api_groups: &[""],
+        resources: &["nodes"],
+        verbs: &["get", "list", "watch", "patch"],
+    },
+    PolicyRule {
+        api_groups: &[""],
+        resources: &["pods"],
+        verbs: &["get", "list", "watch"],
+    },
+    PolicyRule {
+        api_groups: &[""],
+        resources: &["pods/status"],
+        verbs: &["patch"],
+    },
+    PolicyRule {
+        api_groups: &[""],
+        resources: &["pods/eviction"],
+        verbs: &["create"],
+    },
+    PolicyRule {
+        api_groups: &[""],
+        resources: &["namespaces"],
+        verbs: &["get", "list", "watch"],
+    },
+    PolicyRule {
+        api_groups: &["events.k8s.io", ""],
+        resources: &["events"],
+        verbs: &["create", "patch"],
+    },
+    PolicyRule {
+        api_groups: &["coordination.k8s.io"],
+        resources: &["leases"],
+        verbs: &["get", "create", "update"],
+    },
+];
+
+/// The container arguments of the controller Deployment (the policy comes from
+/// `GPU_GUARD_POLICY` or `--policy`, as for `serve`).
+pub fn container_args() -> Vec<String> {
+    [
+        "controller",
+        "--admin-listen=0.0.0.0:8081",
+        "--log-format=json",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Environment variables the Deployment should set from the downward API: the replica's
+/// identity in the Lease and in Events (`metadata.name`), and the Lease's namespace
+/// (`metadata.namespace`).
+pub const DOWNWARD_API_ENV: [(&str, &str); 2] = [
+    ("POD_NAME", "metadata.name"),
+    ("POD_NAMESPACE", "metadata.namespace"),
+];

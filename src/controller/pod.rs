@@ -1,0 +1,559 @@
+//! PURE: was a pod hit by a device failure, and what should be done about it?
+//!
+//! A pod is hit when the kubelet reports one of its allocated devices `Unhealthy`
+//! (`status.containerStatuses[].allocatedResourcesStatus`, beta in Kubernetes 1.36), or when
+//! its node carries gpu-guard's degraded taint for a device resource the pod uses. The namespace
+//! opt-in is the caller's to check.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use crate::policy::{DEVICE_FAILURE_CONDITION, Policy};
+
+/// The `reason` of the condition when a device of the pod is reported unhealthy.
+pub const REASON_UNHEALTHY_DEVICE: &str = "UnhealthyDevice";
+/// The `reason` of the condition when the pod's node is tainted degraded.
+pub const REASON_NODE_DEGRADED: &str = "NodeDeviceDegraded";
+
+/// What the controller knows of a pod's node: the device resources gpu-guard has tainted it
+/// degraded for (in a dry run: would have).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeState {
+    pub degraded: BTreeSet<String>,
+}
+
+/// Why a pod counts as hit by a device failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The kubelet reports a device allocated to a container `Unhealthy`.
+    UnhealthyDevice {
+        container: String,
+        /// The resource (`nvidia.com/gpu`) or DRA claim (`claim:name/request`).
+        resource: String,
+        device_ids: Vec<String>,
+    },
+    /// The pod's node is tainted degraded for a resource the pod uses.
+    NodeDegraded { node: String, resource: String },
+}
+
+impl Cause {
+    /// The condition's `reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::UnhealthyDevice { .. } => REASON_UNHEALTHY_DEVICE,
+            Self::NodeDegraded { .. } => REASON_NODE_DEGRADED,
+        }
+    }
+
+    /// The condition's `message`.
+    pub fn message(&self) -> String {
+        match self {
+            Self::UnhealthyDevice {
+                container,
+                resource,
+                device_ids,
+            } => format!(
+                "{resource} device {} allocated to container {container} is reported Unhealthy \
+                 by the kubelet; gpu-guard marks the pod so its failure is retried",
+                device_ids.join(", ")
+            ),
+            Self::NodeDegraded { node, resource } => format!(
+                "node {node} is tainted {}={} by gpu-guard: its {resource} devices are degraded; \
+                 gpu-guard marks the pod so its failure is retried",
+                super::node::TAINT_KEY,
+                super::node::taint_value(resource)
+            ),
+        }
+    }
+}
+
+/// What to do with a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing: not a device pod, not hit, finished, or already handled.
+    Nothing,
+    /// The pod was hit: add the condition (`mark`) and/or evict it (`evict`); at least one is
+    /// true.
+    Act {
+        cause: Cause,
+        mark: bool,
+        evict: bool,
+    },
+}
+
+/// Judges one pod. `node_state` is its node's (None: unknown or not scheduled).
+pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -> Action {
+    let uses = device_resources(pod, policy);
+    if uses.is_empty() {
+        return Action::Nothing;
+    }
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|status| status.phase.as_deref());
+    if phase == Some("Succeeded") {
+        return Action::Nothing;
+    }
+    let Some(cause) = unhealthy_device(pod, policy).or_else(|| {
+        let node = pod.spec.as_ref()?.node_name.clone()?;
+        let resource = uses
+            .iter()
+            .find(|resource| node_state.is_some_and(|state| state.degraded.contains(*resource)))?;
+        Some(Cause::NodeDegraded {
+            node,
+            resource: resource.clone(),
+        })
+    }) else {
+        return Action::Nothing;
+    };
+    let settings = &policy.controller.pods;
+    let mark = settings.mark_pods && !is_marked(pod);
+    let running = matches!(phase, None | Some("Pending" | "Running"));
+    let evict = settings.evict_pods && running && pod.metadata.deletion_timestamp.is_none();
+    if mark || evict {
+        Action::Act { cause, mark, evict }
+    } else {
+        Action::Nothing
+    }
+}
+
+/// Whether the pod already has `gpu-guard.io/DeviceFailure=True`.
+pub fn is_marked(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == DEVICE_FAILURE_CONDITION && c.status == "True")
+        })
+}
+
+/// The device resources the pod's containers and init containers request or limit, by name.
+pub fn device_resources(pod: &Pod, policy: &Policy) -> BTreeSet<String> {
+    let Some(spec) = &pod.spec else {
+        return BTreeSet::new();
+    };
+    let containers: Vec<&Container> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .collect();
+    containers
+        .into_iter()
+        .filter_map(|container| container.resources.as_ref())
+        .flat_map(|resources| {
+            resources
+                .requests
+                .iter()
+                .flatten()
+                .chain(resources.limits.iter().flatten())
+                .map(|(name, _)| name)
+        })
+        .filter(|name| policy.devices.is_device_resource(name))
+        .cloned()
+        .collect()
+}
+
+/// The first device reported unhealthy in the container and init container statuses: a
+/// configured device resource, or a DRA claim (`claim:...`).
+fn unhealthy_device(pod: &Pod, policy: &Policy) -> Option<Cause> {
+    let status = pod.status.as_ref()?;
+    let statuses: Vec<&ContainerStatus> = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .collect();
+    statuses.into_iter().find_map(|container| {
+        container
+            .allocated_resources_status
+            .iter()
+            .flatten()
+            .filter(|resource| {
+                policy.devices.is_device_resource(&resource.name)
+                    || resource.name.starts_with("claim:")
+            })
+            .find_map(|resource| {
+                let device_ids: Vec<String> = resource
+                    .resources
+                    .iter()
+                    .flatten()
+                    .filter(|device| device.health.as_deref() == Some("Unhealthy"))
+                    .map(|device| device.resource_id.clone())
+                    .collect();
+                (!device_ids.is_empty()).then(|| Cause::UnhealthyDevice {
+                    container: container.name.clone(),
+                    resource: resource.name.clone(),
+                    device_ids,
+                })
+            })
+    })
+}
+
+/// The condition gpu-guard adds.
+pub fn device_failure_condition(cause: &Cause, now: Timestamp) -> PodCondition {
+    PodCondition {
+        type_: DEVICE_FAILURE_CONDITION.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(cause.reason().to_owned()),
+        message: Some(cause.message()),
+        last_transition_time: Some(Time(now)),
+        ..PodCondition::default()
+    }
+}
+
+/// The strategic merge patch of `pods/{name}/status` that adds the condition (the API merges
+/// `status.conditions` by `type`, so the pod's other conditions stay).
+pub fn condition_patch(cause: &Cause, now: Timestamp) -> Value {
+    json!({"status": {"conditions": [device_failure_condition(cause, now)]}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        PodSpec, PodStatus, ResourceHealth, ResourceRequirements, ResourceStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn pod(resource: Option<&str>, phase: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("train-0".to_owned()),
+                namespace: Some("ml".to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("gpu-1".to_owned()),
+                containers: vec![Container {
+                    name: "trainer".to_owned(),
+                    resources: resource.map(|resource| ResourceRequirements {
+                        limits: Some([(resource.to_owned(), Quantity("1".to_owned()))].into()),
+                        ..ResourceRequirements::default()
+                    }),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(phase.to_owned()),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn health(mut pod: Pod, resource: &str, devices: &[(&str, &str)]) -> Pod {
+        pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+            name: "trainer".to_owned(),
+            allocated_resources_status: Some(vec![ResourceStatus {
+                name: resource.to_owned(),
+                resources: Some(
+                    devices
+                        .iter()
+                        .map(|(id, health)| ResourceHealth {
+                            resource_id: (*id).to_owned(),
+                            health: Some((*health).to_owned()),
+                            message: None,
+                        })
+                        .collect(),
+                ),
+            }]),
+            ..ContainerStatus::default()
+        }]);
+        pod
+    }
+
+    fn marked(mut pod: Pod, status: &str) -> Pod {
+        pod.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: DEVICE_FAILURE_CONDITION.to_owned(),
+            status: status.to_owned(),
+            ..PodCondition::default()
+        }]);
+        pod
+    }
+
+    fn deleting(mut pod: Pod) -> Pod {
+        pod.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        pod
+    }
+
+    fn degraded(resource: &str) -> NodeState {
+        NodeState {
+            degraded: [resource.to_owned()].into(),
+        }
+    }
+
+    fn unhealthy(ids: &[&str]) -> Cause {
+        Cause::UnhealthyDevice {
+            container: "trainer".to_owned(),
+            resource: "nvidia.com/gpu".to_owned(),
+            device_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+        }
+    }
+
+    fn node_degraded() -> Cause {
+        Cause::NodeDegraded {
+            node: "gpu-1".to_owned(),
+            resource: "nvidia.com/gpu".to_owned(),
+        }
+    }
+
+    fn act(cause: Cause, mark: bool, evict: bool) -> Action {
+        Action::Act { cause, mark, evict }
+    }
+
+    /// (name, pod, node state, mark_pods, evict_pods, action)
+    type Row = (&'static str, Pod, Option<NodeState>, bool, bool, Action);
+
+    #[test]
+    fn verdicts() {
+        let gpu = Some("nvidia.com/gpu");
+        let sick = |phase| {
+            health(
+                pod(gpu, phase),
+                "nvidia.com/gpu",
+                &[("GPU-a", "Healthy"), ("GPU-b", "Unhealthy")],
+            )
+        };
+        let tainted = degraded("nvidia.com/gpu");
+        // (name, pod, node state, mark_pods, evict_pods, action)
+        let table: Vec<Row> = vec![
+            (
+                "healthy device pod",
+                pod(gpu, "Running"),
+                None,
+                true,
+                false,
+                Action::Nothing,
+            ),
+            (
+                "all devices healthy",
+                health(
+                    pod(gpu, "Running"),
+                    "nvidia.com/gpu",
+                    &[("GPU-a", "Healthy"), ("GPU-b", "Unknown")],
+                ),
+                None,
+                true,
+                true,
+                Action::Nothing,
+            ),
+            (
+                "unhealthy device: mark",
+                sick("Running"),
+                None,
+                true,
+                false,
+                act(unhealthy(&["GPU-b"]), true, false),
+            ),
+            (
+                "unhealthy device: mark and evict",
+                sick("Running"),
+                None,
+                true,
+                true,
+                act(unhealthy(&["GPU-b"]), true, true),
+            ),
+            (
+                "unhealthy device: evict only",
+                sick("Pending"),
+                None,
+                false,
+                true,
+                act(unhealthy(&["GPU-b"]), false, true),
+            ),
+            (
+                "neither configured",
+                sick("Running"),
+                None,
+                false,
+                false,
+                Action::Nothing,
+            ),
+            (
+                "already marked",
+                marked(sick("Running"), "True"),
+                None,
+                true,
+                false,
+                Action::Nothing,
+            ),
+            (
+                "already marked, eviction still due",
+                marked(sick("Running"), "True"),
+                None,
+                true,
+                true,
+                act(unhealthy(&["GPU-b"]), false, true),
+            ),
+            (
+                "a False condition is not a mark",
+                marked(sick("Running"), "False"),
+                None,
+                true,
+                false,
+                act(unhealthy(&["GPU-b"]), true, false),
+            ),
+            (
+                "failed pod: marked (the Job may not have counted it yet), never evicted",
+                sick("Failed"),
+                None,
+                true,
+                true,
+                act(unhealthy(&["GPU-b"]), true, false),
+            ),
+            (
+                "succeeded pod: nothing",
+                sick("Succeeded"),
+                None,
+                true,
+                true,
+                Action::Nothing,
+            ),
+            (
+                "terminating pod: not evicted again",
+                deleting(sick("Running")),
+                None,
+                false,
+                true,
+                Action::Nothing,
+            ),
+            (
+                "node tainted for the pod's resource",
+                pod(gpu, "Running"),
+                Some(tainted.clone()),
+                true,
+                true,
+                act(node_degraded(), true, true),
+            ),
+            (
+                "node tainted for another resource",
+                pod(gpu, "Running"),
+                Some(degraded("amd.com/gpu")),
+                true,
+                true,
+                Action::Nothing,
+            ),
+            (
+                "node not tainted",
+                pod(gpu, "Running"),
+                Some(NodeState::default()),
+                true,
+                true,
+                Action::Nothing,
+            ),
+            (
+                "not a device pod",
+                pod(Some("cpu"), "Running"),
+                Some(tainted.clone()),
+                true,
+                true,
+                Action::Nothing,
+            ),
+            (
+                "no resources",
+                pod(None, "Running"),
+                Some(tainted.clone()),
+                true,
+                true,
+                Action::Nothing,
+            ),
+            (
+                "the unhealthy device wins over the node",
+                sick("Running"),
+                Some(tainted.clone()),
+                true,
+                false,
+                act(unhealthy(&["GPU-b"]), true, false),
+            ),
+            (
+                "an unconfigured resource reported unhealthy is ignored",
+                health(
+                    pod(gpu, "Running"),
+                    "example.com/fpga",
+                    &[("F-1", "Unhealthy")],
+                ),
+                None,
+                true,
+                false,
+                Action::Nothing,
+            ),
+            (
+                "a DRA claim reported unhealthy counts",
+                health(
+                    pod(gpu, "Running"),
+                    "claim:gpu/req-0",
+                    &[("gpu-0", "Unhealthy")],
+                ),
+                None,
+                true,
+                false,
+                act(
+                    Cause::UnhealthyDevice {
+                        container: "trainer".to_owned(),
+                        resource: "claim:gpu/req-0".to_owned(),
+                        device_ids: vec!["gpu-0".to_owned()],
+                    },
+                    true,
+                    false,
+                ),
+            ),
+        ];
+        for (name, pod, node, mark_pods, evict_pods, expected) in table {
+            let mut policy = Policy::default();
+            policy.controller.pods.mark_pods = mark_pods;
+            policy.controller.pods.evict_pods = evict_pods;
+            assert_eq!(
+                pod_verdict(&pod, node.as_ref(), &policy),
+                expected,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn init_containers_count_as_device_users() {
+        let mut pod = pod(None, "Running");
+        let spec = pod.spec.as_mut().unwrap();
+        spec.init_containers = Some(vec![Container {
+            name: "warmup".to_owned(),
+            resources: Some(ResourceRequirements {
+                requests: Some(
+                    [("nvidia.com/mig-1g.5gb".to_owned(), Quantity("1".to_owned()))].into(),
+                ),
+                ..ResourceRequirements::default()
+            }),
+            ..Container::default()
+        }]);
+        assert_eq!(
+            device_resources(&pod, &Policy::default()),
+            ["nvidia.com/mig-1g.5gb".to_owned()].into()
+        );
+    }
+
+    #[test]
+    fn the_condition_patch() {
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        assert_eq!(
+            condition_patch(&unhealthy(&["GPU-b", "GPU-c"]), now),
+            json!({"status": {"conditions": [{
+                "type": "gpu-guard.io/DeviceFailure",
+                "status": "True",
+                "reason": "UnhealthyDevice",
+                "message": "nvidia.com/gpu device GPU-b, GPU-c allocated to container trainer is \
+                            reported Unhealthy by the kubelet; gpu-guard marks the pod so its \
+                            failure is retried",
+                "lastTransitionTime": "2027-01-15T08:00:00Z",
+            }]}})
+        );
+        assert_eq!(
+            node_degraded().message(),
+            "node gpu-1 is tainted gpu-guard.io/device-degraded=nvidia.com_gpu by gpu-guard: its \
+             nvidia.com/gpu devices are degraded; gpu-guard marks the pod so its failure is retried"
+        );
+    }
+}

@@ -1,0 +1,236 @@
+//! The `controller` section of the policy file: how `gpu-guard controller` judges GPU nodes
+//! and the pods on them (see [`crate::controller`]).
+//!
+//! Fractions are whole percentages (`maxTaintedPercent: 10`), so the policy stays exactly
+//! comparable and a schema can bound them.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::field::FieldPath;
+
+/// The node health controller and device-failure pod watcher.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Controller {
+    /// Compute, log, count and emit Events for everything, but change nothing: no taint, no
+    /// pod condition, no eviction. `gpu-guard controller --dry-run` turns it on too.
+    pub dry_run: bool,
+    /// Seconds between two full passes over nodes and pods. Watch events trigger a pass
+    /// sooner; this bounds how late a time threshold (`degradedForSeconds`, ...) is noticed.
+    #[schemars(range(min = 1))]
+    pub resync_seconds: u64,
+    /// Node health: compare device capacity with allocatable, taint degraded nodes.
+    pub node_health: NodeHealth,
+    /// The device-failure pod watcher.
+    pub pods: PodWatcher,
+}
+
+impl Default for Controller {
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            resync_seconds: 15,
+            node_health: NodeHealth::default(),
+            pods: PodWatcher::default(),
+        }
+    }
+}
+
+/// When a node counts as degraded, and what is done about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NodeHealth {
+    /// Taint degraded nodes at all. When false, nodes are still judged, logged and counted,
+    /// and the taints gpu-guard added earlier are still removed on recovery.
+    pub enabled: bool,
+    /// How many unusable devices (capacity minus allocatable) of one resource make a node
+    /// degraded.
+    pub unusable_devices: UnusableThreshold,
+    /// Seconds the threshold must hold before the node is tainted (a device plugin restart
+    /// briefly reports allocatable 0).
+    #[schemars(range(min = 0))]
+    pub degraded_for_seconds: u64,
+    /// Seconds a tainted node must stay below the threshold before the taint is removed.
+    #[schemars(range(min = 0))]
+    pub healthy_for_seconds: u64,
+    /// Taint with effect `NoExecute` instead of `NoSchedule`: pods on the node that do not
+    /// tolerate it are evicted too, healthy GPUs' pods included. Off by default.
+    pub no_execute: bool,
+    /// The safety valve: gpu-guard never holds more than this percentage of GPU nodes (nodes
+    /// with capacity for a device resource) tainted at once, rounded down but at least one
+    /// node. Past it, further degraded nodes are reported (log, Event, metric), not tainted.
+    #[schemars(range(min = 0, max = 100))]
+    pub max_tainted_percent: u32,
+}
+
+impl Default for NodeHealth {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            unusable_devices: UnusableThreshold::default(),
+            degraded_for_seconds: 120,
+            healthy_for_seconds: 600,
+            no_execute: false,
+            max_tainted_percent: 10,
+        }
+    }
+}
+
+/// The unusable-device threshold. A node is degraded for a resource when either bound that is
+/// set is reached; zero unusable devices never degrade a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct UnusableThreshold {
+    /// At least this many unusable devices.
+    #[schemars(range(min = 1))]
+    pub count: Option<u32>,
+    /// At least this percentage of the node's devices of the resource unusable.
+    #[schemars(range(min = 1, max = 100))]
+    pub percent: Option<u32>,
+}
+
+impl Default for UnusableThreshold {
+    fn default() -> Self {
+        Self {
+            count: Some(1),
+            percent: None,
+        }
+    }
+}
+
+/// What happens to pods hit by a device failure, in opted-in namespaces (label
+/// `gpu-guard.io/enabled: "true"`) only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PodWatcher {
+    /// Add the pod condition `gpu-guard.io/DeviceFailure=True`, so the injected
+    /// podFailurePolicy rule retries the pod's failure (action Ignore).
+    pub mark_pods: bool,
+    /// Evict the pod through the Eviction API (PodDisruptionBudgets apply), so its Job
+    /// recreates it on a healthy node. Off by default.
+    pub evict_pods: bool,
+    /// At most this many evictions per minute, cluster-wide (a token bucket that holds as
+    /// many). Evictions past it, and those a PodDisruptionBudget refuses, wait for a later pass.
+    #[schemars(range(min = 1))]
+    pub evictions_per_minute: u32,
+}
+
+impl Default for PodWatcher {
+    fn default() -> Self {
+        Self {
+            mark_pods: true,
+            evict_pods: false,
+            evictions_per_minute: 5,
+        }
+    }
+}
+
+/// The `controller` section's semantic rules.
+pub(super) fn validate_controller(controller: &Controller) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let root = FieldPath::new(["controller"]);
+    if controller.resync_seconds == 0 {
+        problems.push((root.child("resyncSeconds"), "must be at least 1".to_owned()));
+    }
+    let health = root.child("nodeHealth");
+    let threshold = &controller.node_health.unusable_devices;
+    let threshold_path = health.child("unusableDevices");
+    match (threshold.count, threshold.percent) {
+        (None, None) => problems.push((
+            threshold_path.clone(),
+            "set count or percent (or both): with neither, no node is ever degraded".to_owned(),
+        )),
+        _ => {
+            if threshold.count == Some(0) {
+                problems.push((
+                    threshold_path.child("count"),
+                    "must be at least 1 (0 would call every node degraded)".to_owned(),
+                ));
+            }
+            if let Some(percent) = threshold.percent
+                && !(1..=100).contains(&percent)
+            {
+                problems.push((
+                    threshold_path.child("percent"),
+                    format!("must be 1 to 100, found {percent}"),
+                ));
+            }
+        }
+    }
+    if controller.node_health.max_tainted_percent > 100 {
+        problems.push((
+            health.child("maxTaintedPercent"),
+            format!(
+                "must be 0 to 100, found {}",
+                controller.node_health.max_tainted_percent
+            ),
+        ));
+    }
+    if controller.pods.evictions_per_minute == 0 {
+        problems.push((
+            root.child("pods").child("evictionsPerMinute"),
+            "must be at least 1; to evict nothing, set evictPods: false".to_owned(),
+        ));
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(controller: &Controller) -> Vec<String> {
+        validate_controller(controller)
+            .into_iter()
+            .map(|(path, message)| format!("{path}: {message}"))
+            .collect()
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(messages(&Controller::default()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_field() {
+        let mut controller = Controller {
+            resync_seconds: 0,
+            ..Controller::default()
+        };
+        controller.node_health.unusable_devices = UnusableThreshold {
+            count: Some(0),
+            percent: Some(101),
+        };
+        controller.node_health.max_tainted_percent = 150;
+        controller.pods.evictions_per_minute = 0;
+        let found = messages(&controller);
+        assert_eq!(
+            found,
+            [
+                "controller.resyncSeconds: must be at least 1",
+                "controller.nodeHealth.unusableDevices.count: must be at least 1 (0 would call every node degraded)",
+                "controller.nodeHealth.unusableDevices.percent: must be 1 to 100, found 101",
+                "controller.nodeHealth.maxTaintedPercent: must be 0 to 100, found 150",
+                "controller.pods.evictionsPerMinute: must be at least 1; to evict nothing, set evictPods: false",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_threshold_needs_a_bound() {
+        let mut controller = Controller::default();
+        controller.node_health.unusable_devices = UnusableThreshold {
+            count: None,
+            percent: None,
+        };
+        assert_eq!(
+            messages(&controller),
+            [
+                "controller.nodeHealth.unusableDevices: set count or percent (or both): with neither, no node is ever degraded"
+            ]
+        );
+        controller.node_health.unusable_devices.percent = Some(50);
+        assert_eq!(messages(&controller), Vec::<String>::new());
+    }
+}

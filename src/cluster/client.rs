@@ -146,11 +146,17 @@ pub async fn config_available() -> bool {
 ///
 /// Must be called within a Tokio runtime (the client spawns its request buffer on it).
 pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
-    let config = match kubeconfig {
-        Some(path) => config_from_file(path).await?,
-        None => inferred_config().await?,
-    };
+    let config = config(kubeconfig).await?;
     Client::try_from(config).map_err(|source| ClusterError::Client { source })
+}
+
+/// The configuration [`client`] builds its client from, for callers that need to adjust it
+/// (the controller makes a second client without kube's default retry of 429 answers).
+pub async fn config(kubeconfig: Option<&Path>) -> Result<Config, ClusterError> {
+    match kubeconfig {
+        Some(path) => config_from_file(path).await,
+        None => inferred_config().await,
+    }
 }
 
 async fn config_from_file(path: &Path) -> Result<Config, ClusterError> {

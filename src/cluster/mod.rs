@@ -56,7 +56,7 @@
 
 mod client;
 
-pub use client::{ClusterError, ConfigSource, client, config_available, config_source};
+pub use client::{ClusterError, ConfigSource, client, config, config_available, config_source};
 
 use std::fmt;
 use std::pin::pin;

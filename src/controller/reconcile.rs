@@ -278,6 +278,9 @@ pub struct PassReport {
 /// Applies the decisions. Owned by one task: passes never overlap.
 pub struct Reconciler {
     client: Client,
+    /// For evictions: without kube's default retry of 429 answers (a PodDisruptionBudget's
+    /// refusal would otherwise be retried 15 times with growing delays, holding up the pass).
+    eviction_client: Client,
     policy: Policy,
     recorder: Recorder,
     metrics: Arc<ControllerMetrics>,
@@ -292,13 +295,18 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// `policy.controller.dry_run` decides whether anything is changed. `instance` names this
-    /// replica in Events (`reportingInstance`).
+    /// replica in Events (`reportingInstance`). Makes two clients from `config`: one as kube
+    /// makes it, one for evictions without the default retry.
     pub fn new(
-        client: Client,
+        config: kube::Config,
         policy: Policy,
         instance: Option<String>,
         metrics: Arc<ControllerMetrics>,
-    ) -> Self {
+    ) -> Result<Self, kube::Error> {
+        let client = Client::try_from(config.clone())?;
+        let mut eviction_config = config;
+        eviction_config.default_retry = false;
+        let eviction_client = Client::try_from(eviction_config)?;
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -308,8 +316,9 @@ impl Reconciler {
         );
         metrics.dry_run.set(i64::from(policy.controller.dry_run));
         let bucket = TokenBucket::per_minute(policy.controller.pods.evictions_per_minute);
-        Self {
+        Ok(Self {
             client,
+            eviction_client,
             policy,
             recorder,
             metrics,
@@ -318,7 +327,7 @@ impl Reconciler {
             marked: HashSet::new(),
             evicted: HashSet::new(),
             bucket,
-        }
+        })
     }
 
     fn dry_run(&self) -> bool {
@@ -726,7 +735,7 @@ impl Reconciler {
             .await;
             return Ok(true);
         }
-        let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
+        let api = Api::<Pod>::namespaced(self.eviction_client.clone(), &namespace);
         let eviction = Eviction {
             metadata: ObjectMeta {
                 name: Some(name.clone()),

@@ -80,7 +80,12 @@ impl Running {
 }
 
 /// Binds the admin port and starts the caches, the election and the loop. Returns at once.
-pub async fn start(client: Client, policy: Policy, options: Options) -> std::io::Result<Running> {
+pub async fn start(
+    config: kube::Config,
+    policy: Policy,
+    options: Options,
+) -> std::io::Result<Running> {
+    let client = Client::try_from(config.clone()).map_err(std::io::Error::other)?;
     let metrics = Arc::new(ControllerMetrics::default());
     let state = Arc::new(AdminState {
         metrics: metrics.clone(),
@@ -124,7 +129,8 @@ pub async fn start(client: Client, policy: Policy, options: Options) -> std::io:
     }
 
     let caches = Caches::start(&client);
-    let reconciler = Reconciler::new(client, policy.clone(), options.identity, metrics.clone());
+    let reconciler = Reconciler::new(config, policy.clone(), options.identity, metrics.clone())
+        .map_err(std::io::Error::other)?;
     let resync = Duration::from_secs(policy.controller.resync_seconds.max(1));
     tasks.push(tokio::spawn(reconcile_loop(
         caches,
@@ -186,7 +192,7 @@ async fn reconcile_loop(
     caches: Caches,
     mut reconciler: Reconciler,
     resync: Duration,
-    leader: watch::Receiver<bool>,
+    mut leader: watch::Receiver<bool>,
     state: Arc<AdminState>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -216,6 +222,8 @@ async fn reconcile_loop(
             _ = stop.wait_for(|stop| *stop) => return,
             () = tokio::time::sleep(resync) => false,
             () = caches.changed.notified() => true,
+            // A new leader acts at once.
+            Ok(()) = leader.changed() => false,
         };
         if changed {
             tokio::select! {
@@ -275,8 +283,8 @@ pub fn controller(args: &ControllerArgs, mut policy: Policy) -> Report {
         Err(error) => return failed(format!("cannot start the async runtime: {error}")),
     };
     runtime.block_on(async move {
-        let client = match cluster::client(args.kubeconfig.as_deref()).await {
-            Ok(client) => client,
+        let config = match cluster::config(args.kubeconfig.as_deref()).await {
+            Ok(config) => config,
             Err(error) => return failed(error.to_string()),
         };
         let identity = args.identity.clone().or_else(hostname);
@@ -301,7 +309,7 @@ pub fn controller(args: &ControllerArgs, mut policy: Policy) -> Report {
             identity,
         };
         let dry_run = policy.controller.dry_run;
-        let running = match start(client, policy, options).await {
+        let running = match start(config, policy, options).await {
             Ok(running) => running,
             Err(error) => return failed(format!("cannot start: {error}")),
         };

@@ -1354,3 +1354,26 @@ async fn the_running_controller_leads_acts_serves_metrics_and_releases_its_lease
     .await;
     second.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The command
+
+#[test]
+fn the_command_fails_clearly_without_a_usable_kubeconfig() {
+    use clap::Parser;
+    let cli = gpu_guard::cli::Cli::parse_from([
+        "gpu-guard",
+        "controller",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+        "--log-level",
+        "off",
+    ]);
+    let report = gpu_guard::cli::run(&cli);
+    assert_eq!(report.exit_code, 1);
+    assert!(
+        report.stderr.contains("/nonexistent/kubeconfig") && report.stderr.contains("--kubeconfig"),
+        "{}",
+        report.stderr
+    );
+}

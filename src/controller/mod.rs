@@ -100,3 +100,33 @@ pub const DOWNWARD_API_ENV: [(&str, &str); 2] = [
     ("POD_NAME", "metadata.name"),
     ("POD_NAMESPACE", "metadata.namespace"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_deployment_args_parse() {
+        let args = std::iter::once("gpu-guard".to_owned()).chain(container_args());
+        let cli = crate::cli::Cli::try_parse_from(args).expect("the container args parse");
+        let crate::cli::Command::Controller(args) = cli.command else {
+            panic!("not the controller command");
+        };
+        assert_eq!(args.admin_listen.port(), ADMIN_PORT);
+        assert_eq!(args.lease_name, LEASE_NAME);
+        assert!(!args.dry_run);
+    }
+
+    #[test]
+    fn every_rule_names_known_verbs() {
+        for rule in RBAC_RULES {
+            for verb in rule.verbs {
+                assert!(
+                    ["get", "list", "watch", "create", "update", "patch"].contains(verb),
+                    "{rule:?}"
+                );
+            }
+        }
+    }
+}

@@ -40,6 +40,9 @@ pub const REASON_SAFETY_VALVE: &str = "SafetyValve";
 pub const REASON_MARKED: &str = "DeviceFailureMarked";
 pub const REASON_EVICTED: &str = "Evicted";
 
+/// The pods the controller caches.
+pub const POD_FIELD_SELECTOR: &str = "spec.nodeName!=,status.phase!=Succeeded";
+
 /// Attempts of a node taint patch that meets a conflict (someone else changed the node).
 const NODE_PATCH_ATTEMPTS: usize = 3;
 
@@ -66,10 +69,12 @@ impl Caches {
             &changed,
             &mut tasks,
         );
+        // Pods bound to a node and not finished (as kube-scheduler selects assigned pods, but
+        // keeping Failed pods: they may still need the condition).
         let pods = reflect(
             "pods",
             Api::<Pod>::all(client.clone()),
-            watcher::Config::default(),
+            watcher::Config::default().fields(POD_FIELD_SELECTOR),
             slim_pod,
             &changed,
             &mut tasks,
@@ -372,7 +377,7 @@ impl Reconciler {
                 ownership(&node) == Ownership::Ours || verdict.history.assumed_tainted;
             match verdict.decision {
                 Decision::Taint if !self.policy.controller.node_health.enabled => {
-                    tracing::info!(node = %name, seen = %verdict.describe_degraded(),
+                    tracing::debug!(node = %name, seen = %verdict.describe_degraded(),
                         "node degraded; tainting is disabled (controller.nodeHealth.enabled)");
                 }
                 Decision::Taint if !node::may_taint(gpu_nodes, tainted, &self.policy) => {

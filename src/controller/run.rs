@@ -270,11 +270,9 @@ async fn metrics_text(State(state): State<Arc<AdminState>>) -> Response {
 // === the command ===
 
 /// `gpu-guard controller`: runs until a signal stops it.
-pub fn controller(args: &ControllerArgs, mut policy: Policy) -> Report {
+pub fn controller(args: &ControllerArgs, policy: Policy) -> Report {
     init_logging(args.log_format, &args.log_level);
-    if args.dry_run {
-        policy.controller.dry_run = true;
-    }
+    let policy = effective_policy(args, policy);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -326,6 +324,15 @@ pub fn controller(args: &ControllerArgs, mut policy: Policy) -> Report {
     })
 }
 
+/// The policy with the command line's overrides: `--dry-run` turns dry run on (it never turns
+/// a policy's `dryRun: true` off).
+pub fn effective_policy(args: &ControllerArgs, mut policy: Policy) -> Policy {
+    if args.dry_run {
+        policy.controller.dry_run = true;
+    }
+    policy
+}
+
 /// The host name (a pod's name, in a cluster), for the Lease identity.
 fn hostname() -> Option<String> {
     std::env::var("HOSTNAME")
@@ -374,5 +381,48 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn args(flags: &[&str]) -> ControllerArgs {
+        let cli =
+            Cli::try_parse_from(["gpu-guard", "controller"].iter().chain(flags)).expect("parses");
+        match cli.command {
+            Command::Controller(args) => args,
+            _ => panic!("not the controller command"),
+        }
+    }
+
+    #[test]
+    fn dry_run_flag_overrides_the_policy() {
+        let mut policy = Policy::default();
+        assert!(
+            !effective_policy(&args(&[]), policy.clone())
+                .controller
+                .dry_run
+        );
+        assert!(
+            effective_policy(&args(&["--dry-run"]), policy.clone())
+                .controller
+                .dry_run
+        );
+        policy.controller.dry_run = true;
+        assert!(effective_policy(&args(&[]), policy).controller.dry_run);
+    }
+
+    #[test]
+    fn defaults() {
+        let args = args(&["--identity", "replica-a"]);
+        assert_eq!(args.admin_listen.to_string(), "0.0.0.0:8081");
+        assert_eq!(args.lease_name, "gpu-guard-controller");
+        assert_eq!(args.lease_duration_seconds, 15);
+        assert_eq!(args.identity.as_deref(), Some("replica-a"));
+        assert!(!args.no_leader_election);
     }
 }

@@ -838,6 +838,35 @@ async fn a_conflict_rereads_the_node_and_keeps_the_taint_added_meanwhile() {
 }
 
 #[tokio::test]
+async fn a_node_someone_else_tainted_meanwhile_is_not_tainted_again() {
+    let mut world = World::start(policy(|_| {}), vec![(NODES, gpu_node("gpu-1", 8, 6))]).await;
+    {
+        let mut state = world.fake.lock();
+        state.node_conflicts = 1;
+        state.conflict_change = Some(|node| {
+            node["spec"]["taints"]
+                .as_array_mut()
+                .expect("taints")
+                .push(json!({"key": TAINT_KEY, "value": "by-hand", "effect": "NoSchedule"}));
+        });
+    }
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    // One refused patch, one read, and no second patch.
+    let node_writes = world
+        .fake
+        .writes()
+        .iter()
+        .filter(|w| w.path == "/api/v1/nodes/gpu-1")
+        .count();
+    assert_eq!(node_writes, 1);
+    assert!(world.fake.events().is_empty());
+    assert_eq!(world.metrics.taints_added.get(), 0);
+}
+
+#[tokio::test]
 async fn the_safety_valve_stops_tainting_and_reports_once() {
     // 12 GPU nodes, 10 %: one node may be tainted; three are degraded.
     let mut objects: Vec<(&'static str, Value)> = (1..=9)

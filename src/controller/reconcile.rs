@@ -403,7 +403,8 @@ impl Reconciler {
                     }
                 }
                 Decision::Taint => match self.add_taint(&node, &verdict, now).await {
-                    Ok(()) => {
+                    Ok(false) => {}
+                    Ok(true) => {
                         self.valve_reported.remove(&name);
                         tainted += 1;
                         holds_taint = true;
@@ -418,7 +419,11 @@ impl Reconciler {
                     }
                 },
                 Decision::Untaint => match self.remove_taint(&node, &verdict).await {
-                    Ok(()) => {
+                    Ok(false) => {
+                        holds_taint = false;
+                        verdict.history = NodeHistory::default();
+                    }
+                    Ok(true) => {
                         tainted = tainted.saturating_sub(1);
                         holds_taint = false;
                         verdict.history = NodeHistory::default();
@@ -567,15 +572,16 @@ impl Reconciler {
         }
     }
 
+    /// `Ok(false)`: nothing was tainted (someone else tainted the node meanwhile).
     async fn add_taint(
         &self,
         node: &Node,
         verdict: &Verdict,
         now: Timestamp,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<bool, kube::Error> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let Some(first) = verdict.degraded.first() else {
-            return Ok(());
+            return Ok(false);
         };
         let health = &self.policy.controller.node_health;
         let taint = node::degraded_taint(&first.resource, health.no_execute);
@@ -602,13 +608,18 @@ impl Reconciler {
                 note,
             )
             .await;
-            return Ok(());
+            return Ok(true);
         }
-        self.patch_node(node, |current| {
-            (node::ownership(current) == Ownership::None)
-                .then(|| node::add_taint_patch(current, &taint, now))
-        })
-        .await?;
+        let patched = self
+            .patch_node(node, |current| {
+                (node::ownership(current) == Ownership::None)
+                    .then(|| node::add_taint_patch(current, &taint, now))
+            })
+            .await?;
+        if !patched {
+            tracing::info!(node = %name, "the node carries a {TAINT_KEY} taint already; not tainted again");
+            return Ok(false);
+        }
         let note = format!("tainted {rendered}: {seen}");
         tracing::warn!(node = %name, "{note}");
         self.event(
@@ -619,10 +630,11 @@ impl Reconciler {
             note,
         )
         .await;
-        Ok(())
+        Ok(true)
     }
 
-    async fn remove_taint(&self, node: &Node, verdict: &Verdict) -> Result<(), kube::Error> {
+    /// `Ok(false)`: nothing to remove any more.
+    async fn remove_taint(&self, node: &Node, verdict: &Verdict) -> Result<bool, kube::Error> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let since = verdict
             .history
@@ -640,12 +652,18 @@ impl Reconciler {
                 note,
             )
             .await;
-            return Ok(());
+            return Ok(true);
         }
-        self.patch_node(node, |current| {
-            (node::ownership(current) == Ownership::Ours).then(|| node::remove_taint_patch(current))
-        })
-        .await?;
+        let patched = self
+            .patch_node(node, |current| {
+                (node::ownership(current) == Ownership::Ours)
+                    .then(|| node::remove_taint_patch(current))
+            })
+            .await?;
+        if !patched {
+            tracing::info!(node = %name, "gpu-guard's taint is gone already");
+            return Ok(false);
+        }
         let note = format!("removed the {TAINT_KEY} taint: devices healthy{since}");
         tracing::info!(node = %name, "{note}");
         self.event(
@@ -656,38 +674,40 @@ impl Reconciler {
             note,
         )
         .await;
-        Ok(())
+        Ok(true)
     }
 
     /// Sends the patch `build` makes from the node, with its resourceVersion; on a conflict,
     /// reads the node again and rebuilds the patch (`None`: nothing to do any more).
+    /// `Ok(false)`: the node no longer needs the change (someone else made it meanwhile).
     async fn patch_node(
         &self,
         node: &Node,
         build: impl Fn(&Node) -> Option<Value>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<bool, kube::Error> {
         let api = Api::<Node>::all(self.client.clone());
         let name = node.metadata.name.clone().unwrap_or_default();
         let mut current = node.clone();
-        for attempt in 1..=NODE_PATCH_ATTEMPTS {
+        let mut attempt = 1;
+        loop {
             let Some(patch) = build(&current) else {
-                return Ok(());
+                return Ok(false);
             };
             match api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(true),
                 Err(kube::Error::Api(status))
                     if status.is_conflict() && attempt < NODE_PATCH_ATTEMPTS =>
                 {
                     tracing::debug!(node = %name, attempt, "node changed meanwhile; reading it again");
                     current = api.get(&name).await?;
+                    attempt += 1;
                 }
                 Err(error) => return Err(error),
             }
         }
-        unreachable!("the last attempt returns")
     }
 
     async fn mark(&self, pod: &Pod, cause: &Cause, now: Timestamp) -> Result<(), kube::Error> {

@@ -64,18 +64,28 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     pub metrics: Arc<ControllerMetrics>,
     state: Arc<AdminState>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    stop_loop: watch::Sender<bool>,
+    stop_election: watch::Sender<bool>,
+    stop_admin: watch::Sender<bool>,
+    reconcile: JoinHandle<()>,
+    election: Option<JoinHandle<()>>,
+    admin: JoinHandle<()>,
 }
 
 impl Running {
-    /// Stops: readiness false, the loop ends after its pass, the Lease is released.
+    /// Stops, in this order: readiness turns false; the loop ends after the pass in progress;
+    /// then the Lease is released (never while this replica may still act, so two replicas
+    /// never act at once); the admin port closes last.
     pub async fn shutdown(self) {
         self.state.stopping.store(true, Ordering::Relaxed);
-        self.stop.send_replace(true);
-        for task in self.tasks {
-            let _ = task.await;
+        self.stop_loop.send_replace(true);
+        let _ = self.reconcile.await;
+        self.stop_election.send_replace(true);
+        if let Some(election) = self.election {
+            let _ = election.await;
         }
+        self.stop_admin.send_replace(true);
+        let _ = self.admin.await;
     }
 }
 
@@ -94,14 +104,15 @@ pub async fn start(
     });
     let listener = TcpListener::bind(options.admin_listen).await?;
     let admin_addr = listener.local_addr()?;
-    let (stop, stop_rx) = watch::channel(false);
+    let (stop_loop, stop_loop_rx) = watch::channel(false);
+    let (stop_election, stop_election_rx) = watch::channel(false);
+    let (stop_admin, mut stop_admin_rx) = watch::channel(false);
 
-    let mut admin_stop = stop_rx.clone();
     let router = admin_router(state.clone());
     let admin = tokio::spawn(async move {
         let _ = axum::serve(listener, router)
             .with_graceful_shutdown(async move {
-                let _ = admin_stop.wait_for(|stop| *stop).await;
+                let _ = stop_admin_rx.wait_for(|stop| *stop).await;
             })
             .await;
     });
@@ -110,8 +121,7 @@ pub async fn start(
     metrics
         .leader
         .set(i64::from(options.leader_election.is_none()));
-    let mut tasks = vec![admin];
-    if let Some(election) = &options.leader_election {
+    let election = options.leader_election.as_ref().map(|election| {
         let lock = LeaseLock::new(
             client.clone(),
             &election.namespace,
@@ -119,33 +129,37 @@ pub async fn start(
             &election.identity,
             election.duration,
         );
-        tasks.push(tokio::spawn(elect(
+        tokio::spawn(elect(
             Elector::new(lock),
             election.duration / 3,
             leader_tx,
             metrics.clone(),
-            stop_rx.clone(),
-        )));
-    }
+            stop_election_rx,
+        ))
+    });
 
     let caches = Caches::start(&client);
     let reconciler = Reconciler::new(config, policy.clone(), options.identity, metrics.clone())
         .map_err(std::io::Error::other)?;
     let resync = Duration::from_secs(policy.controller.resync_seconds.max(1));
-    tasks.push(tokio::spawn(reconcile_loop(
+    let reconcile = tokio::spawn(reconcile_loop(
         caches,
         reconciler,
         resync,
         leader_rx,
         state.clone(),
-        stop_rx,
-    )));
+        stop_loop_rx,
+    ));
     Ok(Running {
         admin_addr,
         metrics,
         state,
-        stop,
-        tasks,
+        stop_loop,
+        stop_election,
+        stop_admin,
+        reconcile,
+        election,
+        admin,
     })
 }
 

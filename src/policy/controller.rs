@@ -78,14 +78,18 @@ impl Default for NodeHealth {
 }
 
 /// The unusable-device threshold. A node is degraded for a resource when either bound that is
-/// set is reached; zero unusable devices never degrade a node.
+/// set is reached; zero unusable devices never degrade a node. Without this section the bound
+/// is `count: 1`; a section that is given sets exactly the bounds it names (so
+/// `{percent: 25}` has no count bound).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UnusableThreshold {
     /// At least this many unusable devices.
+    #[serde(default)]
     #[schemars(range(min = 1))]
     pub count: Option<u32>,
     /// At least this percentage of the node's devices of the resource unusable.
+    #[serde(default)]
     #[schemars(range(min = 1, max = 100))]
     pub percent: Option<u32>,
 }
@@ -214,6 +218,34 @@ mod tests {
                 "controller.nodeHealth.maxTaintedPercent: must be 0 to 100, found 150",
                 "controller.pods.evictionsPerMinute: must be at least 1; to evict nothing, set evictPods: false",
             ]
+        );
+    }
+
+    #[test]
+    fn a_given_threshold_sets_exactly_the_bounds_it_names() {
+        let parse = |yaml: &str| {
+            crate::policy::parse(
+                &format!("apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\n{yaml}"),
+                "test.yaml",
+            )
+            .map(|policy| policy.controller.node_health.unusable_devices)
+        };
+        assert_eq!(parse("").unwrap(), UnusableThreshold::default());
+        assert_eq!(
+            parse("controller: {nodeHealth: {degradedForSeconds: 5}}").unwrap(),
+            UnusableThreshold::default()
+        );
+        assert_eq!(
+            parse("controller: {nodeHealth: {unusableDevices: {percent: 25}}}").unwrap(),
+            UnusableThreshold {
+                count: None,
+                percent: Some(25)
+            }
+        );
+        let error = parse("controller: {nodeHealth: {unusableDevices: {}}}").unwrap_err();
+        assert!(
+            error.to_string().contains("set count or percent"),
+            "{error}"
         );
     }
 

@@ -1081,6 +1081,35 @@ async fn by_default_pods_are_marked_not_evicted() {
     assert!(namespace_reads.iter().all(|r| {
         r.query.get("labelSelector").map(String::as_str) == Some("gpu-guard.io%2Fenabled%3Dtrue")
     }));
+    // Only pods bound to a node and not finished are listed and watched.
+    let pod_reads: Vec<Logged> = world
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == PODS)
+        .collect();
+    assert!(!pod_reads.is_empty());
+    assert!(pod_reads.iter().all(|r| {
+        r.query.get("fieldSelector").map(|s| percent_decoded(s))
+            == Some("spec.nodeName!=,status.phase!=Succeeded".to_owned())
+    }));
+}
+
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ASCII");
+            out.push(u8::from_str_radix(hex, 16).expect("hex"));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
 }
 
 #[tokio::test]

@@ -133,7 +133,17 @@ pub fn node_verdict(
     let decision = if ownership == Ownership::Foreign {
         Decision::ForeignTaint
     } else if !degraded.is_empty() {
-        let since = history.degraded_since.unwrap_or(now);
+        // After a restart the history is empty: a node gpu-guard tainted has been degraded at
+        // least since its taint was added (the owner annotation).
+        let since = history
+            .degraded_since
+            .or_else(|| {
+                let restarted = history.healthy_since.is_none();
+                (restarted && ownership == Ownership::Ours)
+                    .then(|| tainted_since(node))
+                    .flatten()
+            })
+            .unwrap_or(now);
         next.degraded_since = Some(since);
         let taint_at = since + seconds(health.degraded_for_seconds);
         if owned {
@@ -220,6 +230,16 @@ pub fn parse_count(quantity: &str) -> Option<u64> {
         return None;
     }
     digits.parse::<u64>().ok()?.checked_mul(factor)
+}
+
+/// When gpu-guard tainted the node, from its owner annotation.
+pub fn tainted_since(node: &Node) -> Option<Timestamp> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(OWNER_ANNOTATION)?
+        .parse()
+        .ok()
 }
 
 /// Who owns the node's `gpu-guard.io/device-degraded` taint, if it has one.
@@ -551,6 +571,15 @@ mod tests {
                 ours(degraded.clone()),
                 history(Some(0), None),
                 500,
+                Tainted,
+                Some(0),
+                None,
+            ),
+            (
+                "after a restart a tainted degraded node is degraded since its taint",
+                ours(degraded.clone()),
+                history(None, None),
+                5000,
                 Tainted,
                 Some(0),
                 None,

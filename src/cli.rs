@@ -9,7 +9,10 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRe
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
+use std::time::Duration;
+
 use crate::check;
+use crate::guard::ClusterView;
 use crate::manifest::{self, Document, Format};
 use crate::mutate::{self, SkipReason};
 use crate::object;
@@ -161,6 +164,13 @@ pub struct CheckArgs {
     /// The namespace of objects that name none (as kubectl's default namespace).
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
+    /// Read PriorityClasses and Nodes from the cluster this kubeconfig names (instead of the
+    /// inputs, the policy file and --priority-class).
+    #[arg(long, value_name = "FILE", conflicts_with = "priority_classes")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: how long to wait for the PriorityClasses and Nodes to be listed.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub sync_timeout_seconds: u64,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: CheckFormat,
@@ -474,18 +484,26 @@ fn run_check(args: &CheckArgs, policy: &Policy) -> Report {
         }
     }
     let objects = check::objects(&documents);
-    let (view, learn_errors) = match check::offline_view(policy, &objects, &args.priority_classes) {
-        Ok(built) => built,
-        Err(message) => {
-            return Report {
-                stderr: format!("error: {message}\n"),
-                exit_code: 2,
-                ..Report::default()
-            };
-        }
+    let usage_error = |message: String| Report {
+        stderr: format!("error: {message}\n"),
+        exit_code: 2,
+        ..Report::default()
     };
-    errors.extend(learn_errors);
-    let checked = check::check(&objects, policy, &view, &args.namespace);
+    // The runtime runs the cache's watches; it lives until the check is done.
+    let (_runtime, view): (_, Box<dyn ClusterView>) = match &args.kubeconfig {
+        Some(path) => match cluster_view(path, Duration::from_secs(args.sync_timeout_seconds)) {
+            Ok((runtime, cache)) => (Some(runtime), Box::new(cache)),
+            Err(message) => return usage_error(message),
+        },
+        None => match check::offline_view(policy, &objects, &args.priority_classes) {
+            Ok((view, learn_errors)) => {
+                errors.extend(learn_errors);
+                (None, Box::new(view))
+            }
+            Err(message) => return usage_error(message),
+        },
+    };
+    let checked = check::check(&objects, policy, view.as_ref(), &args.namespace);
     errors.extend(checked.errors.iter().cloned());
     let stdout = match args.output {
         CheckFormat::Text => check::render_text(&checked),
@@ -511,6 +529,35 @@ fn run_check(args: &CheckArgs, policy: &Policy) -> Report {
             0
         },
     }
+}
+
+/// The PriorityClasses and Nodes of the cluster `kubeconfig` names, listed within `timeout`.
+fn cluster_view(
+    kubeconfig: &std::path::Path,
+    timeout: Duration,
+) -> Result<(tokio::runtime::Runtime, crate::cluster::ClusterCache), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the async runtime: {error}"))?;
+    let cache = runtime.block_on(async {
+        let client = crate::cluster::client(Some(kubeconfig))
+            .await
+            .map_err(|error| error.to_string())?;
+        let cache = crate::cluster::ClusterCache::start(client);
+        if cache.wait_synced(timeout).await {
+            Ok(cache)
+        } else {
+            Err(format!(
+                "the PriorityClasses and Nodes of the cluster in {} were not listed within {} s \
+                 (is the API server reachable, and may this user list priorityclasses and nodes?)",
+                kubeconfig.display(),
+                timeout.as_secs()
+            ))
+        }
+    })?;
+    Ok((runtime, cache))
 }
 
 // === generate failure-policy ===

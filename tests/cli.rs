@@ -1005,8 +1005,12 @@ impl ServeProcess {
     fn start(drain_delay_seconds: u32) -> Self {
         use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
+        // No cluster configured: `serve` runs offline (as on a fresh machine).
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-guard"))
             .env_remove("GPU_GUARD_POLICY")
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("HOME", dir.path())
             .args([
                 "serve",
                 "--listen",
@@ -1248,4 +1252,23 @@ fn check_exits_2_on_unreadable_input() {
 
 fn run_with_stdin(command: &str, input: &str) -> Run {
     run(gpu_guard().args([command, "-f", "-"]).write_stdin(input))
+}
+
+#[test]
+fn serve_refuses_a_kubeconfig_it_cannot_read() {
+    let run = run(gpu_guard().args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+    ]))
+    .expect_code(1);
+    assert!(
+        run.stderr.contains("/nonexistent/kubeconfig"),
+        "{}",
+        run.stderr
+    );
 }

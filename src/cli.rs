@@ -78,16 +78,38 @@ pub enum Command {
     /// Check or show a policy file.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Write a development CA and a serving certificate for the webhook Service (and localhost).
+    ///
+    /// Writes ca.crt, tls.crt and tls.key (mode 0600) for gpu-guard.<namespace>.svc,
+    /// its .cluster.local form, localhost and 127.0.0.1. For development only: production gets
+    /// its certificates from cert-manager (webhook-config/overlays/cert-manager).
+    Certs(CertsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory to write ca.crt, tls.crt and tls.key into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: PathBuf,
+    /// The namespace of the webhook Service.
+    #[arg(long, default_value = "gpu-guard")]
+    pub namespace: String,
+    /// The name of the webhook Service.
+    #[arg(long, default_value = "gpu-guard")]
+    pub service_name: String,
+    /// Replace existing files.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServeArgs {
     /// Address of the HTTPS webhook listener.
-    #[arg(long, env = "GPU_GUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    #[arg(long, env = "GPU_GUARD_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], crate::server::WEBHOOK_PORT)))]
     pub listen: std::net::SocketAddr,
     /// Address of the plain-HTTP admin listener (/healthz, /readyz).
-    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], crate::server::ADMIN_PORT)))]
     pub admin_listen: std::net::SocketAddr,
     /// PEM certificate chain (leaf first). Re-read when it changes.
     #[arg(long, env = "GPU_GUARD_TLS_CERT_FILE", requires = "tls_key_file")]
@@ -191,6 +213,41 @@ pub enum GenerateCommand {
     /// containerName. Without --container the rules match every container (do not use that
     /// with native sidecars: they exit 137/143 at shutdown).
     FailurePolicy(FailurePolicyArgs),
+    /// Print (or write) the installation: Namespace, RBAC, Deployment, PodDisruptionBudget,
+    /// Service and the two webhook configurations, from the same names, ports and paths the
+    /// server uses. `webhook-config/base/` is this command's output with --out-dir.
+    WebhookConfig(WebhookConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookConfigArgs {
+    /// The namespace gpu-guard runs in.
+    #[arg(long, default_value = "gpu-guard")]
+    pub namespace: String,
+    /// The name of the webhook Service (and Deployment).
+    #[arg(long, default_value = "gpu-guard")]
+    pub service_name: String,
+    /// The container image.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// A PEM CA bundle to put in the webhook configurations' caBundle (default: none, for
+    /// cert-manager's CA injector or a kustomize overlay to fill).
+    #[arg(long, value_name = "FILE")]
+    pub ca_bundle_file: Option<PathBuf>,
+    /// failurePolicy of the mutating webhook.
+    #[arg(long, value_enum, default_value = "ignore")]
+    pub mutate_failure_policy: crate::deploy::FailurePolicy,
+    /// failurePolicy of the validating webhook.
+    #[arg(long, value_enum, default_value = "ignore")]
+    pub validate_failure_policy: crate::deploy::FailurePolicy,
+    /// Only the webhook configurations, calling this base URL instead of the Service (e.g.
+    /// https://127.0.0.1:8443 for a `gpu-guard serve` beside a local API server).
+    #[arg(long, value_name = "URL")]
+    pub local_url: Option<String>,
+    /// Write one file per resource and a kustomization.yaml into this directory instead of
+    /// printing a YAML stream.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -277,6 +334,10 @@ pub fn run(cli: &Cli) -> Report {
         Command::Generate(GenerateCommand::FailurePolicy(args)) => {
             run_generate_failure_policy(args, &policy)
         }
+        Command::Generate(GenerateCommand::WebhookConfig(args)) => {
+            run_generate_webhook_config(args)
+        }
+        Command::Certs(args) => run_certs(args),
         Command::Policy(PolicyCommand::Show) => Report {
             stdout: manifest::to_yaml(&serde_json::to_value(&policy).expect("policy serializes")),
             ..Report::default()
@@ -558,6 +619,130 @@ fn cluster_view(
         }
     })?;
     Ok((runtime, cache))
+}
+
+// === generate webhook-config, certs ===
+
+fn run_generate_webhook_config(args: &WebhookConfigArgs) -> Report {
+    let ca_bundle = match &args.ca_bundle_file {
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) if bytes.starts_with(b"-----BEGIN CERTIFICATE-----") => Some(bytes),
+            Ok(_) => {
+                return failure(format!(
+                    "{}: not a PEM certificate (expected -----BEGIN CERTIFICATE-----)\n",
+                    path.display()
+                ));
+            }
+            Err(error) => return failure(format!("{}: cannot read: {error}\n", path.display())),
+        },
+        None => None,
+    };
+    let defaults = crate::deploy::Options::default();
+    let options = crate::deploy::Options {
+        namespace: args.namespace.clone(),
+        service_name: args.service_name.clone(),
+        image: args.image.clone().unwrap_or(defaults.image),
+        ca_bundle,
+        mutate_failure_policy: args.mutate_failure_policy,
+        validate_failure_policy: args.validate_failure_policy,
+        local_url: args.local_url.clone(),
+    };
+    let files = if options.local_url.is_some() {
+        vec![crate::deploy::File {
+            name: "webhooks.yaml",
+            objects: crate::deploy::webhooks(&options),
+        }]
+    } else {
+        crate::deploy::base(&options)
+    };
+    let Some(dir) = &args.out_dir else {
+        let objects: Vec<Value> = files.into_iter().flat_map(|f| f.objects).collect();
+        return Report {
+            stdout: manifest::render(&objects, Format::Yaml),
+            ..Report::default()
+        };
+    };
+    if let Err(error) = std::fs::create_dir_all(dir) {
+        return failure(format!("{}: cannot create: {error}\n", dir.display()));
+    }
+    let mut written = String::new();
+    for (name, text) in crate::deploy::render(&files, options.local_url.is_some()) {
+        let path = dir.join(&name);
+        if let Err(error) = std::fs::write(&path, text) {
+            return failure(format!("{}: cannot write: {error}\n", path.display()));
+        }
+        written.push_str(&format!("wrote {}\n", path.display()));
+    }
+    Report {
+        stderr: written,
+        ..Report::default()
+    }
+}
+
+fn run_certs(args: &CertsArgs) -> Report {
+    let service = format!("{}.{}.svc", args.service_name, args.namespace);
+    let names = vec![service.clone(), format!("{service}.cluster.local")];
+    let pair = match crate::server::tls::generate_self_signed(&names) {
+        Ok(pair) => pair,
+        Err(error) => return failure(format!("cannot make the certificates: {error}\n")),
+    };
+    if let Err(error) = std::fs::create_dir_all(&args.out_dir) {
+        return failure(format!(
+            "{}: cannot create: {error}\n",
+            args.out_dir.display()
+        ));
+    }
+    let files = [
+        ("ca.crt", &pair.ca_pem, 0o644),
+        ("tls.crt", &pair.cert_pem, 0o644),
+        ("tls.key", &pair.key_pem, 0o600),
+    ];
+    if !args.force
+        && let Some((name, _, _)) = files
+            .iter()
+            .find(|(name, _, _)| args.out_dir.join(name).exists())
+    {
+        return failure(format!(
+            "{}: exists; pass --force to replace the certificates\n",
+            args.out_dir.join(name).display()
+        ));
+    }
+    let mut written = String::new();
+    for (name, pem, mode) in files {
+        let path = args.out_dir.join(name);
+        if let Err(error) = write_private(&path, pem.as_bytes(), mode) {
+            return failure(format!("{}: cannot write: {error}\n", path.display()));
+        }
+        written.push_str(&format!("wrote {}\n", path.display()));
+    }
+    written.push_str(&format!(
+        "serving certificate for {service}, {service}.cluster.local, localhost and 127.0.0.1, \
+         signed by ca.crt; for development only\n"
+    ));
+    Report {
+        stderr: written,
+        ..Report::default()
+    }
+}
+
+/// Writes a file with `mode` (a key must never be readable by others, not even for a moment).
+fn write_private(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        options.mode(mode);
+        let mut file = options.open(path)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = mode;
+        options.open(path)?.write_all(bytes)
+    }
 }
 
 // === generate failure-policy ===

@@ -13,6 +13,7 @@ pub mod admission;
 pub mod check;
 pub mod cli;
 pub mod cluster;
+pub mod deploy;
 pub mod field;
 pub mod guard;
 pub mod job_view;

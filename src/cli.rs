@@ -12,7 +12,6 @@ use serde_json::Value;
 use std::time::Duration;
 
 use crate::check;
-use crate::guard::ClusterView;
 use crate::manifest::{self, Document, Format};
 use crate::mutate::{self, SkipReason};
 use crate::object;
@@ -187,8 +186,9 @@ pub struct CheckArgs {
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
     /// Read PriorityClasses and Nodes from the cluster this kubeconfig names (instead of the
-    /// inputs, the policy file and --priority-class).
-    #[arg(long, value_name = "FILE", conflicts_with = "priority_classes")]
+    /// policy file; PriorityClass and Node objects among the inputs and --priority-class flags
+    /// still take precedence).
+    #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// With --kubeconfig: how long to wait for the PriorityClasses and Nodes to be listed.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -550,21 +550,35 @@ fn run_check(args: &CheckArgs, policy: &Policy) -> Report {
         exit_code: 2,
         ..Report::default()
     };
-    // The runtime runs the cache's watches; it lives until the check is done.
-    let (_runtime, view): (_, Box<dyn ClusterView>) = match &args.kubeconfig {
-        Some(path) => match cluster_view(path, Duration::from_secs(args.sync_timeout_seconds)) {
-            Ok((runtime, cache)) => (Some(runtime), Box::new(cache)),
-            Err(message) => return usage_error(message),
-        },
-        None => match check::offline_view(policy, &objects, &args.priority_classes) {
-            Ok((view, learn_errors)) => {
-                errors.extend(learn_errors);
-                (None, Box::new(view))
-            }
-            Err(message) => return usage_error(message),
-        },
+    let built = match &args.kubeconfig {
+        Some(_) => check::manifest_facts(&objects, &args.priority_classes),
+        None => check::offline_view(policy, &objects, &args.priority_classes),
     };
-    let checked = check::check(&objects, policy, view.as_ref(), &args.namespace);
+    let facts = match built {
+        Ok((facts, learn_errors)) => {
+            errors.extend(learn_errors);
+            facts
+        }
+        Err(message) => return usage_error(message),
+    };
+    // The runtime runs the cache's watches; it lives until the check is done.
+    let cluster = match &args.kubeconfig {
+        Some(path) => match cluster_view(path, Duration::from_secs(args.sync_timeout_seconds)) {
+            Ok(cluster) => Some(cluster),
+            Err(message) => return usage_error(message),
+        },
+        None => None,
+    };
+    let checked = match &cluster {
+        Some((_runtime, cache)) => {
+            let layered = check::Layered {
+                over: facts,
+                under: cache,
+            };
+            check::check(&objects, policy, &layered, &args.namespace)
+        }
+        None => check::check(&objects, policy, &facts, &args.namespace),
+    };
     errors.extend(checked.errors.iter().cloned());
     let stdout = match args.output {
         CheckFormat::Text => check::render_text(&checked),

@@ -467,11 +467,15 @@ fn rule(group: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperati
     }
 }
 
-/// The resources the validating webhook judges, by API group: Pods at CREATE, every
-/// pod-template owner at CREATE and UPDATE (subresources are not listed, so never sent).
-pub const VALIDATED: [(&str, &[&str], &[&str]); 4] = [
-    ("", &["pods"], &["CREATE"]),
-    ("", &["replicationcontrollers"], &["CREATE", "UPDATE"]),
+/// The resources the validating webhook judges, by API group, at CREATE and UPDATE (a Pod can
+/// gain tolerations and, while scheduling-gated, node selectors after it is created).
+/// Subresources are not listed, so never sent.
+pub const VALIDATED: [(&str, &[&str], &[&str]); 3] = [
+    (
+        "",
+        &["pods", "replicationcontrollers"],
+        &["CREATE", "UPDATE"],
+    ),
     (
         "apps",
         &["deployments", "statefulsets", "daemonsets", "replicasets"],

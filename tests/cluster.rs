@@ -938,6 +938,13 @@ async fn check_reads_classes_and_nodes_from_the_cluster() {
          apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo, namespace: ml}\n\
          spec:\n  template:\n    spec:\n      priorityClassName: bacth\n\
          \x20     tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n\
+         \x20     containers: [{name: app, image: app}]\n\
+         ---\n\
+         apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: shipped}\nvalue: 5000\n\
+         ---\n\
+         apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: charted, namespace: ml}\n\
+         spec:\n  template:\n    spec:\n      priorityClassName: shipped\n\
+         \x20     tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n\
          \x20     containers: [{name: app, image: app}]\n",
     )
     .expect("write manifest");
@@ -978,6 +985,13 @@ async fn check_reads_classes_and_nodes_from_the_cluster() {
         lines[3].contains("names no PriorityClass the cluster has"),
         "{}",
         lines[3]
+    );
+    // A class shipped with the manifests counts, over the cluster's.
+    assert!(
+        lines[4]
+            .ends_with("Deployment ml/charted: allowed (targets GPU nodes; priority 5000 >= 1000)"),
+        "{}",
+        report.stdout
     );
     assert!(fake.lists(CLASSES).len() == 1 && fake.lists(NODES).len() == 1);
 }

@@ -298,7 +298,28 @@ pub fn offline_view(
     objects: &[(&Document, Value)],
     flags: &[String],
 ) -> Result<(StaticView, Vec<String>), String> {
-    let mut view = StaticView::from_policy(&policy.guard.offline);
+    add_facts(
+        StaticView::from_policy(&policy.guard.offline),
+        objects,
+        flags,
+    )
+}
+
+/// The PriorityClass and Node objects among the inputs and the `--priority-class` flags, to
+/// lay over a cluster's view ([`Layered`]): a manifest that ships its own class is judged
+/// with it.
+pub fn manifest_facts(
+    objects: &[(&Document, Value)],
+    flags: &[String],
+) -> Result<(StaticView, Vec<String>), String> {
+    add_facts(StaticView::default(), objects, flags)
+}
+
+fn add_facts(
+    mut view: StaticView,
+    objects: &[(&Document, Value)],
+    flags: &[String],
+) -> Result<(StaticView, Vec<String>), String> {
     let errors = learn(&mut view, objects);
     for flag in flags {
         let (name, value) = flag
@@ -314,4 +335,37 @@ pub fn offline_view(
         view.add_priority_class(name, value, false);
     }
     Ok((view, errors))
+}
+
+/// Facts from the manifests laid over a cluster's view: what the manifests define wins, the
+/// cluster answers the rest (and says whether the whole is complete).
+pub struct Layered<'a> {
+    pub over: StaticView,
+    pub under: &'a dyn ClusterView,
+}
+
+impl ClusterView for Layered<'_> {
+    fn synced(&self) -> bool {
+        self.under.synced()
+    }
+
+    fn authoritative(&self) -> bool {
+        self.under.authoritative()
+    }
+
+    fn priority_class(&self, name: &str) -> Option<i32> {
+        self.over
+            .priority_class(name)
+            .or_else(|| self.under.priority_class(name))
+    }
+
+    fn global_default_priority_class(&self) -> Option<(String, i32)> {
+        self.over
+            .global_default_priority_class()
+            .or_else(|| self.under.global_default_priority_class())
+    }
+
+    fn node(&self, name: &str) -> Option<guard::KnownNode> {
+        self.over.node(name).or_else(|| self.under.node(name))
+    }
 }

@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRe
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
+use std::time::Duration;
+
 use crate::check;
 use crate::manifest::{self, Document, Format};
 use crate::mutate::{self, SkipReason};
@@ -75,6 +77,12 @@ pub enum Command {
     /// Check or show a policy file.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Write a development CA and a serving certificate for the webhook Service (and localhost).
+    ///
+    /// Writes ca.crt, tls.crt and tls.key (mode 0600) for gpu-guard.<namespace>.svc,
+    /// its .cluster.local form, localhost and 127.0.0.1. For development only: production gets
+    /// its certificates from cert-manager (webhook-config/overlays/cert-manager).
+    Certs(CertsArgs),
     /// Run the node health controller and device-failure pod watcher.
     ///
     /// Taints GPU nodes whose devices degrade (gpu-guard.io/device-degraded) so retried pods
@@ -86,14 +94,30 @@ pub enum Command {
     Controller(ControllerArgs),
 }
 
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory to write ca.crt, tls.crt and tls.key into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: PathBuf,
+    /// The namespace of the webhook Service.
+    #[arg(long, default_value = "gpu-guard")]
+    pub namespace: String,
+    /// The name of the webhook Service.
+    #[arg(long, default_value = "gpu-guard")]
+    pub service_name: String,
+    /// Replace existing files.
+    #[arg(long)]
+    pub force: bool,
+}
+
 #[derive(Debug, Args, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServeArgs {
     /// Address of the HTTPS webhook listener.
-    #[arg(long, env = "GPU_GUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    #[arg(long, env = "GPU_GUARD_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], crate::server::WEBHOOK_PORT)))]
     pub listen: std::net::SocketAddr,
     /// Address of the plain-HTTP admin listener (/healthz, /readyz).
-    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], crate::server::ADMIN_PORT)))]
     pub admin_listen: std::net::SocketAddr,
     /// PEM certificate chain (leaf first). Re-read when it changes.
     #[arg(long, env = "GPU_GUARD_TLS_CERT_FILE", requires = "tls_key_file")]
@@ -205,6 +229,14 @@ pub struct CheckArgs {
     /// The namespace of objects that name none (as kubectl's default namespace).
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
+    /// Read PriorityClasses and Nodes from the cluster this kubeconfig names (instead of the
+    /// policy file; PriorityClass and Node objects among the inputs and --priority-class flags
+    /// still take precedence).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: how long to wait for the PriorityClasses and Nodes to be listed.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub sync_timeout_seconds: u64,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: CheckFormat,
@@ -225,6 +257,41 @@ pub enum GenerateCommand {
     /// containerName. Without --container the rules match every container (do not use that
     /// with native sidecars: they exit 137/143 at shutdown).
     FailurePolicy(FailurePolicyArgs),
+    /// Print (or write) the installation: Namespace, RBAC, Deployment, PodDisruptionBudget,
+    /// Service and the two webhook configurations, from the same names, ports and paths the
+    /// server uses. `webhook-config/base/` is this command's output with --out-dir.
+    WebhookConfig(WebhookConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookConfigArgs {
+    /// The namespace gpu-guard runs in.
+    #[arg(long, default_value = "gpu-guard")]
+    pub namespace: String,
+    /// The name of the webhook Service (and Deployment).
+    #[arg(long, default_value = "gpu-guard")]
+    pub service_name: String,
+    /// The container image.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// A PEM CA bundle to put in the webhook configurations' caBundle (default: none, for
+    /// cert-manager's CA injector or a kustomize overlay to fill).
+    #[arg(long, value_name = "FILE")]
+    pub ca_bundle_file: Option<PathBuf>,
+    /// failurePolicy of the mutating webhook.
+    #[arg(long, value_enum, default_value = "ignore")]
+    pub mutate_failure_policy: crate::deploy::FailurePolicy,
+    /// failurePolicy of the validating webhook.
+    #[arg(long, value_enum, default_value = "ignore")]
+    pub validate_failure_policy: crate::deploy::FailurePolicy,
+    /// Only the webhook configurations, calling this base URL instead of the Service (e.g.
+    /// https://127.0.0.1:8443 for a `gpu-guard serve` beside a local API server).
+    #[arg(long, value_name = "URL")]
+    pub local_url: Option<String>,
+    /// Write one file per resource and a kustomization.yaml into this directory instead of
+    /// printing a YAML stream.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -311,6 +378,10 @@ pub fn run(cli: &Cli) -> Report {
         Command::Generate(GenerateCommand::FailurePolicy(args)) => {
             run_generate_failure_policy(args, &policy)
         }
+        Command::Generate(GenerateCommand::WebhookConfig(args)) => {
+            run_generate_webhook_config(args)
+        }
+        Command::Certs(args) => run_certs(args),
         Command::Policy(PolicyCommand::Show) => Report {
             stdout: manifest::to_yaml(&serde_json::to_value(&policy).expect("policy serializes")),
             ..Report::default()
@@ -519,18 +590,40 @@ fn run_check(args: &CheckArgs, policy: &Policy) -> Report {
         }
     }
     let objects = check::objects(&documents);
-    let (view, learn_errors) = match check::offline_view(policy, &objects, &args.priority_classes) {
-        Ok(built) => built,
-        Err(message) => {
-            return Report {
-                stderr: format!("error: {message}\n"),
-                exit_code: 2,
-                ..Report::default()
-            };
-        }
+    let usage_error = |message: String| Report {
+        stderr: format!("error: {message}\n"),
+        exit_code: 2,
+        ..Report::default()
     };
-    errors.extend(learn_errors);
-    let checked = check::check(&objects, policy, &view, &args.namespace);
+    let built = match &args.kubeconfig {
+        Some(_) => check::manifest_facts(&objects, &args.priority_classes),
+        None => check::offline_view(policy, &objects, &args.priority_classes),
+    };
+    let facts = match built {
+        Ok((facts, learn_errors)) => {
+            errors.extend(learn_errors);
+            facts
+        }
+        Err(message) => return usage_error(message),
+    };
+    // The runtime runs the cache's watches; it lives until the check is done.
+    let cluster = match &args.kubeconfig {
+        Some(path) => match cluster_view(path, Duration::from_secs(args.sync_timeout_seconds)) {
+            Ok(cluster) => Some(cluster),
+            Err(message) => return usage_error(message),
+        },
+        None => None,
+    };
+    let checked = match &cluster {
+        Some((_runtime, cache)) => {
+            let layered = check::Layered {
+                over: facts,
+                under: cache,
+            };
+            check::check(&objects, policy, &layered, &args.namespace)
+        }
+        None => check::check(&objects, policy, &facts, &args.namespace),
+    };
     errors.extend(checked.errors.iter().cloned());
     let stdout = match args.output {
         CheckFormat::Text => check::render_text(&checked),
@@ -555,6 +648,159 @@ fn run_check(args: &CheckArgs, policy: &Policy) -> Report {
         } else {
             0
         },
+    }
+}
+
+/// The PriorityClasses and Nodes of the cluster `kubeconfig` names, listed within `timeout`.
+fn cluster_view(
+    kubeconfig: &std::path::Path,
+    timeout: Duration,
+) -> Result<(tokio::runtime::Runtime, crate::cluster::ClusterCache), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the async runtime: {error}"))?;
+    let cache = runtime.block_on(async {
+        let client = crate::cluster::client(Some(kubeconfig))
+            .await
+            .map_err(|error| error.to_string())?;
+        let cache = crate::cluster::ClusterCache::start(client);
+        if cache.wait_synced(timeout).await {
+            Ok(cache)
+        } else {
+            Err(format!(
+                "the PriorityClasses and Nodes of the cluster in {} were not listed within {} s \
+                 (is the API server reachable, and may this user list priorityclasses and nodes?)",
+                kubeconfig.display(),
+                timeout.as_secs()
+            ))
+        }
+    })?;
+    Ok((runtime, cache))
+}
+
+// === generate webhook-config, certs ===
+
+fn run_generate_webhook_config(args: &WebhookConfigArgs) -> Report {
+    let ca_bundle = match &args.ca_bundle_file {
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) if bytes.starts_with(b"-----BEGIN CERTIFICATE-----") => Some(bytes),
+            Ok(_) => {
+                return failure(format!(
+                    "{}: not a PEM certificate (expected -----BEGIN CERTIFICATE-----)\n",
+                    path.display()
+                ));
+            }
+            Err(error) => return failure(format!("{}: cannot read: {error}\n", path.display())),
+        },
+        None => None,
+    };
+    let defaults = crate::deploy::Options::default();
+    let options = crate::deploy::Options {
+        namespace: args.namespace.clone(),
+        service_name: args.service_name.clone(),
+        image: args.image.clone().unwrap_or(defaults.image),
+        ca_bundle,
+        mutate_failure_policy: args.mutate_failure_policy,
+        validate_failure_policy: args.validate_failure_policy,
+        local_url: args.local_url.clone(),
+    };
+    let files = if options.local_url.is_some() {
+        vec![crate::deploy::File {
+            name: "webhooks.yaml",
+            objects: crate::deploy::webhooks(&options),
+        }]
+    } else {
+        crate::deploy::base(&options)
+    };
+    let Some(dir) = &args.out_dir else {
+        let objects: Vec<Value> = files.into_iter().flat_map(|f| f.objects).collect();
+        return Report {
+            stdout: manifest::render(&objects, Format::Yaml),
+            ..Report::default()
+        };
+    };
+    if let Err(error) = std::fs::create_dir_all(dir) {
+        return failure(format!("{}: cannot create: {error}\n", dir.display()));
+    }
+    let mut written = String::new();
+    for (name, text) in crate::deploy::render(&files, options.local_url.is_some()) {
+        let path = dir.join(&name);
+        if let Err(error) = std::fs::write(&path, text) {
+            return failure(format!("{}: cannot write: {error}\n", path.display()));
+        }
+        written.push_str(&format!("wrote {}\n", path.display()));
+    }
+    Report {
+        stderr: written,
+        ..Report::default()
+    }
+}
+
+fn run_certs(args: &CertsArgs) -> Report {
+    let service = format!("{}.{}.svc", args.service_name, args.namespace);
+    let names = vec![service.clone(), format!("{service}.cluster.local")];
+    let pair = match crate::server::tls::generate_self_signed(&names) {
+        Ok(pair) => pair,
+        Err(error) => return failure(format!("cannot make the certificates: {error}\n")),
+    };
+    if let Err(error) = std::fs::create_dir_all(&args.out_dir) {
+        return failure(format!(
+            "{}: cannot create: {error}\n",
+            args.out_dir.display()
+        ));
+    }
+    let files = [
+        ("ca.crt", &pair.ca_pem, 0o644),
+        ("tls.crt", &pair.cert_pem, 0o644),
+        ("tls.key", &pair.key_pem, 0o600),
+    ];
+    if !args.force
+        && let Some((name, _, _)) = files
+            .iter()
+            .find(|(name, _, _)| args.out_dir.join(name).exists())
+    {
+        return failure(format!(
+            "{}: exists; pass --force to replace the certificates\n",
+            args.out_dir.join(name).display()
+        ));
+    }
+    let mut written = String::new();
+    for (name, pem, mode) in files {
+        let path = args.out_dir.join(name);
+        if let Err(error) = write_private(&path, pem.as_bytes(), mode) {
+            return failure(format!("{}: cannot write: {error}\n", path.display()));
+        }
+        written.push_str(&format!("wrote {}\n", path.display()));
+    }
+    written.push_str(&format!(
+        "serving certificate for {service}, {service}.cluster.local, localhost and 127.0.0.1, \
+         signed by ca.crt; for development only\n"
+    ));
+    Report {
+        stderr: written,
+        ..Report::default()
+    }
+}
+
+/// Writes a file with `mode` (a key must never be readable by others, not even for a moment).
+fn write_private(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        options.mode(mode);
+        let mut file = options.open(path)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = mode;
+        options.open(path)?.write_all(bytes)
     }
 }
 

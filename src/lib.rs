@@ -14,6 +14,7 @@ pub mod check;
 pub mod cli;
 pub mod cluster;
 pub mod controller;
+pub mod deploy;
 pub mod field;
 pub mod guard;
 pub mod job_view;

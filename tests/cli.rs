@@ -684,6 +684,8 @@ fn policy_check_accepts_valid_files() {
         fixture("policy-valid.yaml"),
         fixture("policy-fail-job.yaml"),
         manifest_dir().join("policies/default.yaml"),
+        manifest_dir().join("policies/strict.yaml"),
+        manifest_dir().join("policies/audit-only.yaml"),
     ] {
         let out = run(gpu_guard().args(["policy", "check"]).arg(&path)).expect_code(0);
         assert!(out.stdout.contains("valid"), "{}", out.stdout);
@@ -1005,8 +1007,12 @@ impl ServeProcess {
     fn start(drain_delay_seconds: u32) -> Self {
         use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
+        // No cluster configured: `serve` runs offline (as on a fresh machine).
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-guard"))
             .env_remove("GPU_GUARD_POLICY")
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("HOME", dir.path())
             .args([
                 "serve",
                 "--listen",
@@ -1248,4 +1254,166 @@ fn check_exits_2_on_unreadable_input() {
 
 fn run_with_stdin(command: &str, input: &str) -> Run {
     run(gpu_guard().args([command, "-f", "-"]).write_stdin(input))
+}
+
+#[test]
+fn serve_refuses_a_kubeconfig_it_cannot_read() {
+    let run = run(gpu_guard().args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+    ]))
+    .expect_code(1);
+    assert!(
+        run.stderr.contains("/nonexistent/kubeconfig"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("certs");
+    let made = run(gpu_guard().args(["certs", "--out-dir"]).arg(&out)).expect_code(0);
+    assert!(
+        made.stderr.contains("for development only"),
+        "{}",
+        made.stderr
+    );
+    let pem = |name: &str| std::fs::read(out.join(name)).unwrap();
+    let der = |bytes: &[u8]| x509_parser::pem::parse_x509_pem(bytes).unwrap().1.contents;
+    let (ca_der, leaf_der) = (der(&pem("ca.crt")), der(&pem("tls.crt")));
+    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).unwrap();
+    let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der).unwrap();
+    assert!(ca.is_ca());
+    assert_eq!(leaf.issuer(), ca.subject());
+    // A TLS client trusting only ca.crt accepts tls.crt for the Service's name.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(ca_der.clone()))
+        .unwrap();
+    use rustls::client::danger::ServerCertVerifier as _;
+    let verifier = rustls::client::WebPkiServerVerifier::builder(std::sync::Arc::new(roots))
+        .build()
+        .unwrap();
+    for name in ["gpu-guard.gpu-guard.svc", "localhost"] {
+        verifier
+            .verify_server_cert(
+                &rustls::pki_types::CertificateDer::from(leaf_der.clone()),
+                &[],
+                &rustls::pki_types::ServerName::try_from(name).unwrap(),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let names: Vec<String> = leaf
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|name| name.to_string())
+        .collect();
+    for expected in [
+        "gpu-guard.gpu-guard.svc",
+        "gpu-guard.gpu-guard.svc.cluster.local",
+        "localhost",
+    ] {
+        assert!(
+            names.iter().any(|n| n.contains(expected)),
+            "{expected} not in {names:?}"
+        );
+    }
+    // Valid now, for a year at most (not for ever).
+    let validity = leaf.validity();
+    assert!(validity.is_valid());
+    let lifetime = validity.not_after.timestamp() - validity.not_before.timestamp();
+    assert!(lifetime <= 367 * 86_400, "{lifetime}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(out.join("tls.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // An existing set is kept unless --force.
+    let again = run(gpu_guard().args(["certs", "--out-dir"]).arg(&out)).expect_code(1);
+    assert!(again.stderr.contains("pass --force"), "{}", again.stderr);
+    run(gpu_guard()
+        .args(["certs", "--force", "--out-dir"])
+        .arg(&out))
+    .expect_code(0);
+    assert_ne!(der(&pem("ca.crt")), ca_der, "--force makes a new CA");
+}
+
+#[test]
+fn generate_webhook_config_prints_the_base_and_takes_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.crt");
+    run(gpu_guard().args(["certs", "--out-dir"]).arg(dir.path())).expect_code(0);
+    let out = run(gpu_guard()
+        .args([
+            "generate",
+            "webhook-config",
+            "--namespace",
+            "infra",
+            "--image",
+            "registry.example/gpu-guard:1",
+            "--validate-failure-policy",
+            "fail",
+            "--ca-bundle-file",
+        ])
+        .arg(&ca))
+    .expect_code(0);
+    let documents = gpu_guard::manifest::parse(&out.stdout, "-").0;
+    let kinds: Vec<&str> = documents
+        .iter()
+        .map(|d| d.value["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "PodDisruptionBudget",
+            "Service",
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration"
+        ]
+    );
+    let validating = &documents[8].value["webhooks"][0];
+    assert_eq!(validating["failurePolicy"], "Fail");
+    assert_eq!(validating["clientConfig"]["service"]["namespace"], "infra");
+    use base64::Engine as _;
+    let bundle = base64::engine::general_purpose::STANDARD
+        .decode(validating["clientConfig"]["caBundle"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(bundle, std::fs::read(&ca).unwrap());
+    assert_eq!(
+        documents[4].value["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example/gpu-guard:1"
+    );
+    // A file that is not a certificate is refused.
+    let bad = run(gpu_guard()
+        .args(["generate", "webhook-config", "--ca-bundle-file"])
+        .arg(dir.path().join("tls.key")))
+    .expect_code(1);
+    assert!(
+        bad.stderr.contains("not a PEM certificate"),
+        "{}",
+        bad.stderr
+    );
 }

@@ -902,3 +902,96 @@ async fn kubeconfig_errors_name_the_file() {
     );
     assert!(message.contains("cluster url is missing"), "{message}");
 }
+
+/// A kubeconfig file naming the fake API server.
+fn kubeconfig_for(fake: &Fake, dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: u\n\
+             current-context: fake\nusers:\n- name: u\n  user:\n    token: t\n",
+            fake.url()
+        ),
+    )
+    .expect("write kubeconfig");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_classes_and_nodes_from_the_cluster() {
+    use clap::Parser as _;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = Fake::start().await;
+    fake.set(CLASSES, priority_class("batch", 500, false));
+    fake.set(NODES, gpu_node("gpu-1", "8"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = kubeconfig_for(&fake, dir.path());
+    let manifest = dir.path().join("app.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: pinned, namespace: ml}\n\
+         spec:\n  template:\n    spec:\n      priorityClassName: batch\n      nodeName: gpu-1\n\
+         \x20     containers: [{name: app, image: app}]\n\
+         ---\n\
+         apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo, namespace: ml}\n\
+         spec:\n  template:\n    spec:\n      priorityClassName: bacth\n\
+         \x20     tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n\
+         \x20     containers: [{name: app, image: app}]\n\
+         ---\n\
+         apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: shipped}\nvalue: 5000\n\
+         ---\n\
+         apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: charted, namespace: ml}\n\
+         spec:\n  template:\n    spec:\n      priorityClassName: shipped\n\
+         \x20     tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n\
+         \x20     containers: [{name: app, image: app}]\n",
+    )
+    .expect("write manifest");
+    let args = [
+        "gpu-guard".to_owned(),
+        "check".to_owned(),
+        "--kubeconfig".to_owned(),
+        kubeconfig.display().to_string(),
+        "-f".to_owned(),
+        manifest.display().to_string(),
+    ];
+    // `check` runs its own runtime: call it off this one.
+    let report = tokio::task::spawn_blocking(move || {
+        gpu_guard::cli::run(&gpu_guard::cli::Cli::parse_from(args))
+    })
+    .await
+    .expect("check ran");
+    assert_eq!(report.exit_code, 1, "{}\n{}", report.stdout, report.stderr);
+    let lines: Vec<&str> = report.stdout.lines().collect();
+    assert!(
+        lines[0].ends_with("Deployment ml/pinned: DENIED"),
+        "{}",
+        report.stdout
+    );
+    assert!(
+        lines[1].contains("its priority is 500 (PriorityClass \"batch\")")
+            && lines[1].contains("names the GPU node gpu-1 (capacity nvidia.com/gpu: 8)"),
+        "{}",
+        lines[1]
+    );
+    // From a cluster, an unknown class is a finding, not "unjudged".
+    assert!(
+        lines[2].ends_with("Deployment ml/typo: DENIED"),
+        "{}",
+        report.stdout
+    );
+    assert!(
+        lines[3].contains("names no PriorityClass the cluster has"),
+        "{}",
+        lines[3]
+    );
+    // A class shipped with the manifests counts, over the cluster's.
+    assert!(
+        lines[4]
+            .ends_with("Deployment ml/charted: allowed (targets GPU nodes; priority 5000 >= 1000)"),
+        "{}",
+        report.stdout
+    );
+    assert!(fake.lists(CLASSES).len() == 1 && fake.lists(NODES).len() == 1);
+}

@@ -142,10 +142,16 @@ fn warn_and_audit_modes_allow_and_say_so() {
         warnings[..2],
         [
             "gpu-guard: Pod gpu-lab/pod-no-priority: priority 0 is below the minimum 1000 for GPU nodes",
-            "gpu-guard: spec.tolerations[2]: tolerates the GPU node taint nvidia.com/gpu",
+            "gpu-guard: tolerations[2]: tolerates the GPU node taint nvidia.com/gpu",
         ]
     );
-    assert!(warnings[2].starts_with("gpu-guard: fix: set spec.priorityClassName"));
+    assert_eq!(
+        warnings[2..],
+        [
+            "gpu-guard: fix: set priorityClassName to a class with value >= 1000",
+            "gpu-guard: or, if it needs no GPU node, remove the nvidia.com/gpu toleration",
+        ]
+    );
     assert!(warnings.iter().all(|w| w.chars().count() <= 120));
 
     policy.guard.namespace_modes.clear();
@@ -341,4 +347,23 @@ fn without_a_cluster_an_unknown_class_is_reported_not_denied() {
     let reviewed = run(&body, &policy).unwrap();
     assert_eq!(reviewed.guard.unwrap().outcome, "allowed");
     assert!(answer(&reviewed).get("warnings").is_none());
+}
+
+#[test]
+fn a_pod_update_adding_a_gpu_toleration_is_judged() {
+    let policy = Policy::embedded();
+    let mut body = tolerating_pod();
+    let old = fixture("016-Pod-CREATE-validate.json")["request"]["object"].clone();
+    body["request"]["operation"] = json!("UPDATE");
+    body["request"]["oldObject"] = old.clone();
+    assert_eq!(run(&body, &policy).unwrap().outcome, Decision::Denied);
+    // An UPDATE that leaves the pod spec alone (a label, say) is not judged again.
+    let mut relabel = body.clone();
+    relabel["request"]["oldObject"] = body["request"]["object"].clone();
+    relabel["request"]["object"]["metadata"]["labels"] = json!({"team": "a"});
+    let reviewed = run(&relabel, &policy).unwrap();
+    assert_eq!(
+        (reviewed.outcome, reviewed.guard),
+        (Decision::Allowed, None)
+    );
 }

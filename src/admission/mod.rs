@@ -5,8 +5,8 @@
 //!   Patch is derived from the engine's changes and proven to apply to the raw request object
 //!   before it is sent. No change: no patch and no patchType. UPDATE, DELETE, CONNECT and every
 //!   other kind: allowed, no patch (a Job's pod template and podFailurePolicy are immutable).
-//! - `/validate`: the GPU-node priority guard ([`crate::guard`]) judges Pods at CREATE and the
-//!   pod template of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers,
+//! - `/validate`: the GPU-node priority guard ([`crate::guard`]) judges Pods and the pod
+//!   template of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers,
 //!   Jobs and CronJobs at CREATE and UPDATE (an UPDATE that leaves the pod spec as it was, or
 //!   that belongs to a deletion, is not judged again). A violation is denied (HTTP 200,
 //!   `allowed: false`, code 403), warned about or audited, as the policy's mode says; the
@@ -172,6 +172,8 @@ pub struct GuardOutcome {
 /// The audit annotation a guard violation records (the API server prefixes it with the
 /// webhook's name).
 pub const GUARD_AUDIT_KEY: &str = "guard-violation";
+/// The audit annotation of a workload the guard could not judge offline.
+pub const GUARD_UNJUDGED_AUDIT_KEY: &str = "guard-unjudged";
 
 #[derive(Serialize)]
 struct OutgoingReview<'a> {
@@ -414,7 +416,7 @@ fn apply_verdict(verdict: &Verdict, response: &mut Response) -> (Decision, &'sta
         Verdict::Allowed(guard::Allowed::Unjudged { class }) => {
             // Only without a cluster; the full text goes to the audit log.
             response.audit_annotations.insert(
-                GUARD_AUDIT_KEY.to_owned(),
+                GUARD_UNJUDGED_AUDIT_KEY.to_owned(),
                 format!("gpu-guard: {}", guard::unjudged_message(class)),
             );
             response.warnings.push(format!(

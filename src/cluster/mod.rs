@@ -75,6 +75,17 @@ use tokio::task::AbortHandle;
 
 use crate::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
 
+/// What the caches read, as RBAC rules: `(API group, resource, verbs)`. The installation's
+/// ClusterRole is generated from this ([`crate::deploy`]).
+pub const RBAC_RULES: [(&str, &str, &[&str]); 2] = [
+    (
+        "scheduling.k8s.io",
+        PRIORITY_CLASSES,
+        &["get", "list", "watch"],
+    ),
+    ("", NODES, &["get", "list", "watch"]),
+];
+
 /// The `resource` of the PriorityClass cache in [`CacheStatus`].
 pub const PRIORITY_CLASSES: &str = "priorityclasses";
 /// The `resource` of the Node cache in [`CacheStatus`].

@@ -65,13 +65,11 @@ impl GuardedKind {
         }
     }
 
-    /// Whether the guard judges this operation: Pods at CREATE (a pod's scheduling fields do
-    /// not change afterwards), templates at CREATE and UPDATE.
+    /// Whether the guard judges this operation: CREATE and UPDATE, for Pods too (a pod may gain
+    /// tolerations, and a scheduling-gated pod node selectors and affinity, after it is
+    /// created; an UPDATE that leaves the pod spec as it was is not judged again).
     pub fn judged_at(self, operation: &str) -> bool {
-        match self {
-            Self::Pod => operation == "CREATE",
-            _ => matches!(operation, "CREATE" | "UPDATE"),
-        }
+        matches!(operation, "CREATE" | "UPDATE")
     }
 }
 

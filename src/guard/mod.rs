@@ -130,7 +130,14 @@ pub fn judge(
     }
     let spec = &workload.spec;
     let spec_path = kind.spec_path();
-    let targets = targets(&spec_path, spec, guard, devices, view)?;
+    // The DaemonSet controller names the node of each pod it creates (matchFields): the
+    // DaemonSet's template was judged, so its pods are not judged again for where they run.
+    let placed_by_daemonset = kind == GuardedKind::Pod
+        && workload
+            .metadata
+            .controller()
+            .is_some_and(|owner| owner.kind == "DaemonSet");
+    let targets = targets(&spec_path, spec, guard, devices, view, placed_by_daemonset)?;
     if targets.is_empty() {
         return Ok(Verdict::Allowed(Allowed::NotTargetingGpuNodes));
     }
@@ -216,6 +223,18 @@ fn exemption(
             owner.kind, workload.namespace, owner.name
         ));
     }
+    // A CronJob owns its Jobs, named `<cronjob>-<scheduled minute>`, which own the pods.
+    if owner.kind == "Job"
+        && let Some((cronjob, minute)) = owner.name.rsplit_once('-')
+        && !minute.is_empty()
+        && minute.bytes().all(|b| b.is_ascii_digit())
+        && let Some(workload) = matches("CronJob", cronjob)
+    {
+        return Some(format!(
+            "its CronJob {}/{cronjob} is exempt",
+            workload.namespace
+        ));
+    }
     if owner.kind == "ReplicaSet"
         && let Some(hash) = metadata.label("pod-template-hash")
         && let Some(deployment) = owner
@@ -239,6 +258,7 @@ fn targets(
     guard: &Guard,
     devices: &DeviceResources,
     view: &dyn ClusterView,
+    placed_by_daemonset: bool,
 ) -> Result<Vec<Target>, NotSynced> {
     let mut found = Vec::new();
     for (list, containers) in [
@@ -280,6 +300,16 @@ fn targets(
         let key = toleration.key.as_deref().unwrap_or_default();
         let operator = toleration.operator.as_deref().unwrap_or("Equal");
         let path = spec_path.child("tolerations").index(index);
+        // A toleration limited to one effect tolerates only taints of that effect.
+        let effect = toleration.effect.as_deref().unwrap_or_default();
+        if !effect.is_empty()
+            && !guard
+                .gpu_node_taint_effects
+                .iter()
+                .any(|gpu| gpu.as_str() == effect)
+        {
+            continue;
+        }
         if key.is_empty() && operator == "Exists" {
             found.push(Target {
                 path,
@@ -332,13 +362,15 @@ fn targets(
                 for (at, requirement) in requirements.iter().flatten().enumerate() {
                     let selects = if field == "matchExpressions" {
                         label_requirement_selects_gpu(requirement, guard)
+                    } else if placed_by_daemonset {
+                        None
                     } else {
                         node_requirement_selects_gpu(requirement, guard, devices, view)?
                     };
                     if let Some(what) = selects {
                         found.push(Target {
                             path: term_path.child(field).index(at),
-                            what: format!("requires {what} (node affinity term {index})"),
+                            what: format!("requires {what}"),
                             undo: format!("the GPU requirement of node affinity term {index}"),
                             device: false,
                         });
@@ -348,12 +380,14 @@ fn targets(
         }
     }
     if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty())
+        && !placed_by_daemonset
         && let Some(why) = gpu_node(node, guard, devices, view)?
     {
+        let path = spec_path.child("nodeName");
         found.push(Target {
-            path: spec_path.child("nodeName"),
+            undo: path.to_string(),
+            path,
             what: format!("names the GPU node {node} ({why})"),
-            undo: "spec.nodeName".to_owned(),
             device: false,
         });
     }
@@ -376,12 +410,12 @@ fn label_requirement_selects_gpu(
         match requirement.operator.as_str() {
             "In" => {
                 if let Some(value) = values.into_iter().find(|value| label.marks(value)) {
-                    return Some(format!("the GPU node label {}={value}", label.key));
+                    return Some(format!("GPU label {}={value}", label.key));
                 }
             }
             "Exists" | "Gt" | "Lt" if label.values.is_empty() => {
                 return Some(format!(
-                    "the GPU node label {} ({})",
+                    "GPU label {} ({})",
                     label.key, requirement.operator
                 ));
             }
@@ -430,10 +464,10 @@ fn gpu_node(
 /// node taint. `None` when it has none of them.
 pub fn gpu_node_reason(node: &Node, guard: &Guard, devices: &DeviceResources) -> Option<String> {
     let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
-    if let Some((resource, quantity)) = capacity
-        .into_iter()
-        .flatten()
-        .find(|(resource, quantity)| devices.is_device_resource(resource) && quantity.0 != "0")
+    if let Some((resource, quantity)) =
+        capacity.into_iter().flatten().find(|(resource, quantity)| {
+            devices.is_device_resource(resource) && !is_zero_quantity(&quantity.0)
+        })
     {
         return Some(format!("capacity {resource}: {}", quantity.0));
     }
@@ -451,6 +485,15 @@ pub fn gpu_node_reason(node: &Node, guard: &Guard, devices: &DeviceResources) ->
         .flatten()
         .find(|taint| guard.gpu_node_taints.contains(&taint.key))
         .map(|taint| format!("taint {}", taint.key))
+}
+
+/// Whether a quantity is zero in any spelling (`0`, `0k`, `0.0`, `+0`).
+fn is_zero_quantity(quantity: &str) -> bool {
+    let number = quantity
+        .trim()
+        .trim_start_matches('+')
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    !number.is_empty() && number.bytes().all(|b| b == b'0' || b == b'.')
 }
 
 /// The effective priority: a Pod's `spec.priority` (the API server's Priority admission plugin
@@ -541,11 +584,47 @@ impl Violation {
             },
             self.minimum
         )];
+        // Paths relative to the pod spec, node-affinity ones from their term: a warning is cut
+        // at 120 characters.
+        let full = self.class_path.to_string();
+        let spec_prefix = full.strip_suffix("priorityClassName").unwrap_or_default();
         for target in &self.targets {
-            warnings.push(format!("{}: {}", target.path, target.what));
+            let path = target.path.to_string();
+            let short = match path.find("nodeSelectorTerms") {
+                Some(at) => &path[at..],
+                None => path.strip_prefix(spec_prefix).unwrap_or(&path),
+            };
+            warnings.push(format!("{short}: {}", target.what));
         }
-        warnings.push(format!("fix: {}", self.fix()));
+        warnings.push(match &self.priority {
+            Priority::UnknownClass(class) => {
+                format!(
+                    "fix: create PriorityClass {class:?} (value >= {})",
+                    self.minimum
+                )
+            }
+            Priority::Known { .. } => format!(
+                "fix: set priorityClassName to a class with value >= {}",
+                self.minimum
+            ),
+        });
+        if !self.uses_device {
+            for undo in self.undo_list() {
+                warnings.push(format!("or, if it needs no GPU node, remove {undo}"));
+            }
+        }
         warnings
+    }
+
+    /// What to remove to stop targeting GPU nodes, each once, in order.
+    fn undo_list(&self) -> Vec<&str> {
+        let mut undo: Vec<&str> = Vec::new();
+        for target in &self.targets {
+            if !undo.contains(&target.undo.as_str()) {
+                undo.push(&target.undo);
+            }
+        }
+        undo
     }
 
     fn priority_found(&self) -> String {
@@ -571,8 +650,7 @@ impl Violation {
             ),
         };
         if !self.uses_device {
-            let mut undo: Vec<&str> = self.targets.iter().map(|t| t.undo.as_str()).collect();
-            undo.dedup();
+            let undo = self.undo_list();
             let list = match undo.split_last() {
                 Some((last, [])) => (*last).to_owned(),
                 Some((last, rest)) => format!("{} and {last}", rest.join(", ")),

@@ -20,6 +20,9 @@ pub struct Guard {
     pub minimum_priority: MinimumPriority,
     /// Keys of the taints GPU nodes carry. A pod that tolerates one targets GPU nodes.
     pub gpu_node_taints: Vec<String>,
+    /// The effects of those taints. A toleration limited to another effect (say
+    /// `effect: NoExecute` when GPU taints are `NoSchedule`) does not tolerate them.
+    pub gpu_node_taint_effects: Vec<TaintEffect>,
     /// Node labels that mark a GPU node. A pod whose nodeSelector or required node affinity
     /// selects one targets GPU nodes; a node that carries one is a GPU node.
     pub gpu_node_labels: Vec<GpuNodeLabel>,
@@ -38,6 +41,7 @@ impl Default for Guard {
             namespace_modes: BTreeMap::new(),
             minimum_priority: MinimumPriority::default(),
             gpu_node_taints: ["nvidia.com/gpu", "amd.com/gpu"].map(String::from).to_vec(),
+            gpu_node_taint_effects: vec![TaintEffect::NoSchedule],
             gpu_node_labels: vec![
                 GpuNodeLabel {
                     key: "nvidia.com/gpu.present".to_owned(),
@@ -65,6 +69,24 @@ impl Guard {
             .get(namespace)
             .copied()
             .unwrap_or(self.mode)
+    }
+}
+
+/// A taint effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+impl TaintEffect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoSchedule => "NoSchedule",
+            Self::PreferNoSchedule => "PreferNoSchedule",
+            Self::NoExecute => "NoExecute",
+        }
     }
 }
 

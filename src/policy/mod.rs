@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use guard::{
     ExemptWorkload, Exemptions, GpuNodeLabel, Guard, GuardMode, MinimumPriority, OfflineCluster,
-    OfflinePriorityClass,
+    OfflinePriorityClass, TaintEffect,
 };
 pub use load::{PolicyError, PolicyProblem, load, parse};
 

@@ -294,6 +294,12 @@ fn validate_guard(guard: &Guard) -> Vec<(FieldPath, String)> {
             );
         }
     }
+    if guard.gpu_node_taint_effects.is_empty() {
+        report(
+            root.child("gpuNodeTaintEffects"),
+            "list the effects of the GPU node taints (usually [NoSchedule])".to_owned(),
+        );
+    }
     for (index, taint) in guard.gpu_node_taints.iter().enumerate() {
         let errors = qualified_name_errors(taint);
         if !errors.is_empty() {

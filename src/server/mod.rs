@@ -35,6 +35,21 @@ use crate::policy::Policy;
 use metrics::{Metrics, RequestLabels};
 use tls::{CertificateFiles, CertificateStore};
 
+/// The mutating webhook's path.
+pub const MUTATE_PATH: &str = "/mutate";
+/// The validating webhook's path.
+pub const VALIDATE_PATH: &str = "/validate";
+/// Liveness, on the admin port.
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// Readiness, on the admin port.
+pub const READYZ_PATH: &str = "/readyz";
+/// Prometheus metrics, on the admin port.
+pub const METRICS_PATH: &str = "/metrics";
+/// The default HTTPS webhook port.
+pub const WEBHOOK_PORT: u16 = 8443;
+/// The default plain-HTTP admin port.
+pub const ADMIN_PORT: u16 = 8080;
+
 /// The largest AdmissionReview accepted (the API server's own limit is about 3 MiB per object;
 /// 7 MiB matches controller-runtime).
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
@@ -176,17 +191,17 @@ impl AppState {
 /// The webhook routes (no TLS, no sockets: tests drive it with `tower::ServiceExt::oneshot`).
 pub fn webhook_router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/mutate", post(mutate))
-        .route("/validate", post(validate))
+        .route(MUTATE_PATH, post(mutate))
+        .route(VALIDATE_PATH, post(validate))
         .with_state(state)
 }
 
 /// The admin routes.
 pub fn admin_router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
+        .route(HEALTHZ_PATH, get(|| async { "ok\n" }))
+        .route(READYZ_PATH, get(readyz))
+        .route(METRICS_PATH, get(metrics_text))
         .with_state(state)
 }
 

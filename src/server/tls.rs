@@ -236,6 +236,7 @@ pub fn generate_self_signed(dns_names: &[String]) -> Result<GeneratedPair, TlsEr
         KeyUsagePurpose,
     };
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    set_validity(&mut ca_params, 365);
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
         .distinguished_name
@@ -246,6 +247,7 @@ pub fn generate_self_signed(dns_names: &[String]) -> Result<GeneratedPair, TlsEr
     let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
     names.extend(dns_names.iter().cloned());
     let mut params = CertificateParams::new(names)?;
+    set_validity(&mut params, 365);
     params
         .distinguished_name
         .push(DnType::CommonName, "gpu-guard");
@@ -258,9 +260,47 @@ pub fn generate_self_signed(dns_names: &[String]) -> Result<GeneratedPair, TlsEr
     })
 }
 
+/// Valid from yesterday (at day precision that covers clock skew) to `days` from now.
+fn set_validity(params: &mut rcgen::CertificateParams, days: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let date = |unix_days: u64| {
+        let (year, month, day) = civil_from_days(i64::try_from(unix_days).unwrap_or(0));
+        rcgen::date_time_ymd(year, month, day)
+    };
+    params.not_before = date(now / 86_400 - 1);
+    params.not_after = date(now / 86_400 + days);
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (H. Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i32, u8, u8) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        i32::try_from(year).unwrap_or(1970),
+        u8::try_from(month).unwrap_or(1),
+        u8::try_from(day).unwrap_or(1),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
+    }
 
     #[test]
     fn a_chain_cut_off_in_its_middle_is_refused_and_a_whole_one_is_taken() {

@@ -1,0 +1,593 @@
+//! The installation, as typed Kubernetes objects: `gpu-guard generate webhook-config` renders
+//! them, and `webhook-config/base/` is that output (a test fails when it is stale). Names, ports,
+//! paths and labels are defined once here and in [`crate::server`], so the manifests and the
+//! server cannot disagree.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, HTTPGetAction, Namespace, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, TopologySpreadConstraint,
+    Volume, VolumeMount,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+
+use crate::cluster;
+use crate::server::{
+    ADMIN_PORT, HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH, VALIDATE_PATH, WEBHOOK_PORT,
+};
+
+/// The namespace label that opts a namespace in.
+pub const ENABLED_LABEL: &str = "gpu-guard.io/enabled";
+/// The label every namespace carries with its own name (set by the API server).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// The name of the mutating webhook (in its configuration).
+pub const MUTATING_WEBHOOK_NAME: &str = "jobs.gpu-guard.io";
+/// The name of the validating webhook.
+pub const VALIDATING_WEBHOOK_NAME: &str = "workloads.gpu-guard.io";
+/// The Secret holding the serving certificate (`tls.crt`, `tls.key`; `ca.crt` optional).
+pub const TLS_SECRET: &str = "gpu-guard-tls";
+/// Where the Secret is mounted.
+pub const CERT_DIR: &str = "/certs";
+/// The Service port the API server calls (443 → the webhook port).
+pub const SERVICE_PORT: i32 = 443;
+/// The Service port Prometheus scrapes (→ the admin port).
+pub const METRICS_SERVICE_PORT: i32 = 8080;
+/// The webhook timeout: far below the API server's 30 s, so a slow webhook cannot stall writes.
+pub const TIMEOUT_SECONDS: i32 = 5;
+/// The drain delay the Deployment passes to `serve`.
+pub const DRAIN_DELAY_SECONDS: i64 = 10;
+
+/// What `generate webhook-config` can change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub namespace: String,
+    pub service_name: String,
+    pub image: String,
+    /// PEM CA bundle the API server trusts the webhook with (empty: left out, for cert-manager's
+    /// CA injector or a kustomize replacement to fill).
+    pub ca_bundle: Option<Vec<u8>>,
+    /// `failurePolicy` of the mutating webhook.
+    pub mutate_failure_policy: FailurePolicy,
+    /// `failurePolicy` of the validating webhook.
+    pub validate_failure_policy: FailurePolicy,
+    /// Local development: the webhook configurations call `https://127.0.0.1:8443` (a
+    /// `gpu-guard serve` beside a local API server) instead of the Service.
+    pub local_url: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            namespace: "gpu-guard".to_owned(),
+            service_name: "gpu-guard".to_owned(),
+            image: format!("ghcr.io/gpu-guard/gpu-guard:v{}", env!("CARGO_PKG_VERSION")),
+            ca_bundle: None,
+            mutate_failure_policy: FailurePolicy::Ignore,
+            validate_failure_policy: FailurePolicy::Ignore,
+            local_url: None,
+        }
+    }
+}
+
+/// A webhook's `failurePolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailurePolicy {
+    /// Admit the object when the webhook cannot be reached (the default: gpu-guard can never
+    /// block the cluster).
+    Ignore,
+    /// Reject the object when the webhook cannot be reached.
+    Fail,
+}
+
+impl FailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ignore => "Ignore",
+            Self::Fail => "Fail",
+        }
+    }
+}
+
+/// The labels of gpu-guard's webhook pods (the Deployment's selector, the Service's, the PDB's).
+pub fn pod_labels() -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "gpu-guard"),
+        ("app.kubernetes.io/component", "webhook"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    let mut labels = pod_labels();
+    labels.insert(
+        "app.kubernetes.io/part-of".to_owned(),
+        "gpu-guard".to_owned(),
+    );
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(labels),
+        ..ObjectMeta::default()
+    }
+}
+
+/// One generated file: its name under `webhook-config/base/` and its objects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct File {
+    pub name: &'static str,
+    pub objects: Vec<Value>,
+}
+
+fn to_value(object: impl serde::Serialize) -> Value {
+    serde_json::to_value(object).expect("a Kubernetes object serializes")
+}
+
+/// The base installation, file by file.
+pub fn base(options: &Options) -> Vec<File> {
+    let namespace = options.namespace.as_str();
+    vec![
+        File {
+            name: "namespace.yaml",
+            objects: vec![to_value(namespace_object(namespace))],
+        },
+        File {
+            name: "rbac.yaml",
+            objects: rbac(namespace),
+        },
+        File {
+            name: "deployment.yaml",
+            objects: vec![to_value(deployment(options))],
+        },
+        File {
+            name: "pdb.yaml",
+            objects: vec![to_value(pdb(namespace))],
+        },
+        File {
+            name: "service.yaml",
+            objects: vec![to_value(service(options))],
+        },
+        File {
+            name: "webhooks.yaml",
+            objects: webhooks(options),
+        },
+    ]
+}
+
+/// The namespace, with the restricted Pod Security Standard enforced.
+fn namespace_object(name: &str) -> Namespace {
+    let mut metadata = meta(name, None);
+    let labels = metadata.labels.get_or_insert_with(BTreeMap::new);
+    for mode in ["enforce", "audit", "warn"] {
+        labels.insert(
+            format!("pod-security.kubernetes.io/{mode}"),
+            "restricted".to_owned(),
+        );
+    }
+    Namespace {
+        metadata,
+        ..Namespace::default()
+    }
+}
+
+/// The ServiceAccount, and a ClusterRole with exactly what the code reads.
+fn rbac(namespace: &str) -> Vec<Value> {
+    let rules = cluster::RBAC_RULES
+        .iter()
+        .map(|(group, resource, verbs)| PolicyRule {
+            api_groups: Some(vec![(*group).to_owned()]),
+            resources: Some(vec![(*resource).to_owned()]),
+            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+            ..PolicyRule::default()
+        })
+        .collect();
+    vec![
+        to_value(ServiceAccount {
+            metadata: meta("gpu-guard", Some(namespace)),
+            ..ServiceAccount::default()
+        }),
+        to_value(ClusterRole {
+            metadata: meta("gpu-guard", None),
+            rules: Some(rules),
+            ..ClusterRole::default()
+        }),
+        to_value(ClusterRoleBinding {
+            metadata: meta("gpu-guard", None),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "ClusterRole".to_owned(),
+                name: "gpu-guard".to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: "gpu-guard".to_owned(),
+                namespace: Some(namespace.to_owned()),
+                ..Subject::default()
+            }]),
+        }),
+    ]
+}
+
+fn probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("admin".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(2),
+        ..Probe::default()
+    }
+}
+
+fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+        .collect()
+}
+
+/// The webhook Deployment: two replicas on different nodes, the restricted security context,
+/// probes on the admin port, a grace period longer than drain plus shutdown.
+fn deployment(options: &Options) -> Deployment {
+    let labels = pod_labels();
+    let args = [
+        "serve".to_owned(),
+        format!("--listen=0.0.0.0:{WEBHOOK_PORT}"),
+        format!("--admin-listen=0.0.0.0:{ADMIN_PORT}"),
+        format!("--tls-cert-file={CERT_DIR}/tls.crt"),
+        format!("--tls-key-file={CERT_DIR}/tls.key"),
+        "--log-format=json".to_owned(),
+        format!("--drain-delay-seconds={DRAIN_DELAY_SECONDS}"),
+    ];
+    let container = Container {
+        name: "gpu-guard".to_owned(),
+        image: Some(options.image.clone()),
+        args: Some(args.to_vec()),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("webhook".to_owned()),
+                container_port: i32::from(WEBHOOK_PORT),
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("admin".to_owned()),
+                container_port: i32::from(ADMIN_PORT),
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            },
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(&[("cpu", "100m"), ("memory", "64Mi")])),
+            limits: Some(quantities(&[("cpu", "1"), ("memory", "256Mi")])),
+            ..ResourceRequirements::default()
+        }),
+        liveness_probe: Some(probe(HEALTHZ_PATH, 10, 3)),
+        readiness_probe: Some(probe(READYZ_PATH, 5, 2)),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tls".to_owned(),
+            mount_path: CERT_DIR.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    };
+    let spread = |key: &str, unsatisfiable: &str| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: key.to_owned(),
+        when_unsatisfiable: unsatisfiable.to_owned(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(labels.clone()),
+            ..LabelSelector::default()
+        }),
+        ..TopologySpreadConstraint::default()
+    };
+    Deployment {
+        metadata: meta(&options.service_name, Some(&options.namespace)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some("gpu-guard".to_owned()),
+                    priority_class_name: Some("system-cluster-critical".to_owned()),
+                    // Drain delay + the server's 10 s shutdown timeout + margin.
+                    termination_grace_period_seconds: Some(DRAIN_DELAY_SECONDS + 20),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".to_owned(),
+                            ..SeccompProfile::default()
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    topology_spread_constraints: Some(vec![
+                        spread("kubernetes.io/hostname", "DoNotSchedule"),
+                        spread("topology.kubernetes.io/zone", "ScheduleAnyway"),
+                    ]),
+                    containers: vec![container],
+                    volumes: Some(vec![Volume {
+                        name: "tls".to_owned(),
+                        secret: Some(SecretVolumeSource {
+                            secret_name: Some(TLS_SECRET.to_owned()),
+                            ..SecretVolumeSource::default()
+                        }),
+                        ..Volume::default()
+                    }]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+fn pdb(namespace: &str) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta("gpu-guard", Some(namespace)),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(pod_labels()),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    }
+}
+
+fn service(options: &Options) -> Service {
+    Service {
+        metadata: meta(&options.service_name, Some(&options.namespace)),
+        spec: Some(ServiceSpec {
+            selector: Some(pod_labels()),
+            ports: Some(vec![
+                ServicePort {
+                    name: Some("webhook".to_owned()),
+                    port: SERVICE_PORT,
+                    target_port: Some(IntOrString::String("webhook".to_owned())),
+                    protocol: Some("TCP".to_owned()),
+                    ..ServicePort::default()
+                },
+                ServicePort {
+                    name: Some("metrics".to_owned()),
+                    port: METRICS_SERVICE_PORT,
+                    target_port: Some(IntOrString::String("admin".to_owned())),
+                    protocol: Some("TCP".to_owned()),
+                    ..ServicePort::default()
+                },
+            ]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// Opted-in namespaces, never kube-system nor gpu-guard's own: the webhooks can never block
+/// their own recovery or the control plane's.
+fn namespace_selector(own_namespace: &str) -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![
+            LabelSelectorRequirement {
+                key: ENABLED_LABEL.to_owned(),
+                operator: "In".to_owned(),
+                values: Some(vec!["true".to_owned()]),
+            },
+            LabelSelectorRequirement {
+                key: NAMESPACE_NAME_LABEL.to_owned(),
+                operator: "NotIn".to_owned(),
+                values: Some(vec![
+                    "kube-system".to_owned(),
+                    "kube-node-lease".to_owned(),
+                    own_namespace.to_owned(),
+                ]),
+            },
+        ]),
+        ..LabelSelector::default()
+    }
+}
+
+fn client_config(options: &Options, path: &str) -> WebhookClientConfig {
+    let ca_bundle = options.ca_bundle.clone().map(ByteString);
+    match &options.local_url {
+        Some(base) => WebhookClientConfig {
+            url: Some(format!("{}{path}", base.trim_end_matches('/'))),
+            ca_bundle,
+            ..WebhookClientConfig::default()
+        },
+        None => WebhookClientConfig {
+            service: Some(ServiceReference {
+                name: options.service_name.clone(),
+                namespace: options.namespace.clone(),
+                path: Some(path.to_owned()),
+                port: Some(SERVICE_PORT),
+            }),
+            ca_bundle,
+            ..WebhookClientConfig::default()
+        },
+    }
+}
+
+fn rule(group: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
+    RuleWithOperations {
+        api_groups: Some(vec![group.to_owned()]),
+        api_versions: Some(vec!["v1".to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        operations: Some(operations.iter().map(|o| (*o).to_owned()).collect()),
+        scope: Some("Namespaced".to_owned()),
+    }
+}
+
+/// The resources the validating webhook judges, by API group, at CREATE and UPDATE (a Pod can
+/// gain tolerations and, while scheduling-gated, node selectors after it is created).
+/// Subresources are not listed, so never sent.
+pub const VALIDATED: [(&str, &[&str], &[&str]); 3] = [
+    (
+        "",
+        &["pods", "replicationcontrollers"],
+        &["CREATE", "UPDATE"],
+    ),
+    (
+        "apps",
+        &["deployments", "statefulsets", "daemonsets", "replicasets"],
+        &["CREATE", "UPDATE"],
+    ),
+    ("batch", &["jobs", "cronjobs"], &["CREATE", "UPDATE"]),
+];
+
+/// The two webhook configurations.
+pub fn webhooks(options: &Options) -> Vec<Value> {
+    let own = options.namespace.as_str();
+    let mutating = MutatingWebhookConfiguration {
+        metadata: meta("gpu-guard", None),
+        webhooks: Some(vec![MutatingWebhook {
+            name: MUTATING_WEBHOOK_NAME.to_owned(),
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: client_config(options, MUTATE_PATH),
+            failure_policy: Some(options.mutate_failure_policy.as_str().to_owned()),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: Some(namespace_selector(own)),
+            reinvocation_policy: Some("IfNeeded".to_owned()),
+            rules: Some(vec![rule("batch", &["jobs"], &["CREATE"])]),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            ..MutatingWebhook::default()
+        }]),
+    };
+    let validating = ValidatingWebhookConfiguration {
+        metadata: meta("gpu-guard", None),
+        webhooks: Some(vec![ValidatingWebhook {
+            name: VALIDATING_WEBHOOK_NAME.to_owned(),
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: client_config(options, VALIDATE_PATH),
+            failure_policy: Some(options.validate_failure_policy.as_str().to_owned()),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: Some(namespace_selector(own)),
+            rules: Some(
+                VALIDATED
+                    .iter()
+                    .map(|(group, resources, operations)| rule(group, resources, operations))
+                    .collect(),
+            ),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            ..ValidatingWebhook::default()
+        }]),
+    };
+    vec![to_value(mutating), to_value(validating)]
+}
+
+/// The `kustomization.yaml` of a generated directory. For the local overlay (`local`), the CA
+/// of `certs/ca.crt` (written by `gpu-guard certs`) becomes both webhooks' caBundle through a
+/// Secret that only exists during the build (`config.kubernetes.io/local-config`).
+pub fn kustomization(files: &[File], local: bool) -> Value {
+    let mut kustomization = serde_json::json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": files.iter().map(|f| f.name).collect::<Vec<_>>(),
+    });
+    if local {
+        let target = |kind: &str| {
+            serde_json::json!({
+                "select": {"kind": kind, "name": "gpu-guard"},
+                "fieldPaths": ["webhooks.*.clientConfig.caBundle"],
+                "options": {"create": true},
+            })
+        };
+        kustomization["secretGenerator"] = serde_json::json!([{
+            "name": "gpu-guard-local-ca",
+            "files": ["ca.crt=certs/ca.crt"],
+            "options": {
+                "disableNameSuffixHash": true,
+                "annotations": {"config.kubernetes.io/local-config": "true"},
+            },
+        }]);
+        kustomization["replacements"] = serde_json::json!([{
+            "source": {"kind": "Secret", "name": "gpu-guard-local-ca", "fieldPath": "data.[ca.crt]"},
+            "targets": [
+                target("MutatingWebhookConfiguration"),
+                target("ValidatingWebhookConfiguration"),
+            ],
+        }]);
+    }
+    kustomization
+}
+
+/// The files of a generated directory, rendered: each resource file and `kustomization.yaml`,
+/// each headed with the command that makes it.
+pub fn render(files: &[File], local: bool) -> Vec<(String, String)> {
+    let command = if local { LOCAL_COMMAND } else { BASE_COMMAND };
+    let header = format!("# Generated by `{command}`; do not edit.\n");
+    let mut rendered: Vec<(String, String)> = files
+        .iter()
+        .map(|file| {
+            let body = crate::manifest::render(&file.objects, crate::manifest::Format::Yaml);
+            (file.name.to_owned(), format!("{header}{body}"))
+        })
+        .collect();
+    rendered.push((
+        "kustomization.yaml".to_owned(),
+        format!(
+            "{header}{}",
+            crate::manifest::to_yaml(&kustomization(files, local))
+        ),
+    ));
+    rendered
+}
+
+/// The command that generates `webhook-config/base/`.
+pub const BASE_COMMAND: &str = "gpu-guard generate webhook-config --out-dir webhook-config/base";
+/// The command that generates `webhook-config/overlays/local/`.
+pub const LOCAL_COMMAND: &str = "gpu-guard generate webhook-config --local-url https://127.0.0.1:8443 --out-dir webhook-config/overlays/local";
+
+/// Metrics endpoint path, for the ServiceMonitor.
+pub const SCRAPE_PATH: &str = METRICS_PATH;

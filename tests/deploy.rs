@@ -1,0 +1,530 @@
+//! The installation in `webhook-config/`: generated files are up to date, and every file agrees
+//! with the others and with the server (names, ports, paths, labels, RBAC, flags).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use axum::body::Body;
+use axum::http::Request;
+use clap::Parser;
+use gpu_guard::cli::{Cli, Command};
+use gpu_guard::deploy::{self, Options};
+use gpu_guard::manifest;
+use gpu_guard::policy::Policy;
+use gpu_guard::server::{self, AppState};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+use tower::ServiceExt;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn the_checked_in_base_and_local_overlay_are_the_generators_output() {
+    let stale = "stale: run `cargo run -- generate webhook-config --out-dir webhook-config/base` \
+                 and `cargo run -- generate webhook-config --local-url https://127.0.0.1:8443 \
+                 --out-dir webhook-config/overlays/local`";
+    let base = deploy::render(&deploy::base(&Options::default()), false);
+    let local_options = Options {
+        local_url: Some("https://127.0.0.1:8443".into()),
+        ..Options::default()
+    };
+    let local = deploy::render(
+        &[deploy::File {
+            name: "webhooks.yaml",
+            objects: deploy::webhooks(&local_options),
+        }],
+        true,
+    );
+    for (dir, files) in [
+        ("webhook-config/base", base),
+        ("webhook-config/overlays/local", local),
+    ] {
+        let mut names: Vec<String> = std::fs::read_dir(root().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".yaml"))
+            .collect();
+        names.sort();
+        let mut expected: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+        expected.sort();
+        assert_eq!(names, expected, "{dir}: {stale}");
+        for (name, text) in files {
+            assert!(
+                read(&root().join(dir).join(&name)) == text,
+                "{dir}/{name} is {stale}"
+            );
+        }
+    }
+}
+
+/// Every object of every YAML file under `webhook-config/`, by kind.
+fn objects() -> BTreeMap<String, Vec<(PathBuf, Value)>> {
+    let mut by_kind: BTreeMap<String, Vec<(PathBuf, Value)>> = BTreeMap::new();
+    for file in manifest::expand(&root().join("webhook-config")).unwrap() {
+        if file.components().any(|c| c.as_os_str() == "certs") {
+            continue;
+        }
+        let (documents, error) = manifest::read(&file);
+        assert!(error.is_none(), "{}: {error:?}", file.display());
+        for document in documents {
+            let kind = document.value["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            by_kind
+                .entry(kind)
+                .or_default()
+                .push((file.clone(), document.value));
+        }
+    }
+    by_kind
+}
+
+fn one<T: serde::de::DeserializeOwned>(
+    objects: &BTreeMap<String, Vec<(PathBuf, Value)>>,
+    kind: &str,
+) -> Vec<T> {
+    objects
+        .get(kind)
+        .unwrap_or_else(|| panic!("no {kind} in webhook-config/"))
+        .iter()
+        .map(|(path, value)| {
+            serde_json::from_value(value.clone())
+                .unwrap_or_else(|e| panic!("{}: {kind} does not decode: {e}", path.display()))
+        })
+        .collect()
+}
+
+async fn status(router: axum::Router, method: &str, path: &str) -> u16 {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(Body::from("{}"))
+        .unwrap();
+    router.oneshot(request).await.unwrap().status().as_u16()
+}
+
+fn webhook_container(deployment: &Deployment) -> &Container {
+    &deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+}
+
+#[tokio::test]
+async fn every_file_agrees_with_the_others_and_with_the_server() {
+    let objects = objects();
+    let services: Vec<Service> = one(&objects, "Service");
+    let deployments: Vec<Deployment> = one(&objects, "Deployment");
+    let pdbs: Vec<PodDisruptionBudget> = one(&objects, "PodDisruptionBudget");
+    let mutating: Vec<MutatingWebhookConfiguration> = one(&objects, "MutatingWebhookConfiguration");
+    let validating: Vec<ValidatingWebhookConfiguration> =
+        one(&objects, "ValidatingWebhookConfiguration");
+    let roles: Vec<ClusterRole> = one(&objects, "ClusterRole");
+    let bindings: Vec<ClusterRoleBinding> = one(&objects, "ClusterRoleBinding");
+    let (service, deployment, pdb) = (&services[0], &deployments[0], &pdbs[0]);
+    let namespace = service.metadata.namespace.as_deref().unwrap();
+    let state = AppState::new(Policy::embedded());
+
+    // The Deployment's selector matches its pod labels, the Service's selector and the PDB's.
+    let spec = deployment.spec.as_ref().unwrap();
+    let pod_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    let selects = |selector: &BTreeMap<String, String>| {
+        selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
+    };
+    assert!(selects(spec.selector.match_labels.as_ref().unwrap()));
+    assert!(selects(
+        service.spec.as_ref().unwrap().selector.as_ref().unwrap()
+    ));
+    assert!(selects(
+        pdb.spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()
+    ));
+    assert!(
+        spec.replicas.unwrap() >= 2,
+        "two replicas, so one can go away"
+    );
+
+    // The container's args are valid `serve` flags, and its ports are the ones it listens on.
+    let container = webhook_container(deployment);
+    let args = std::iter::once("gpu-guard".to_owned()).chain(container.args.clone().unwrap());
+    let Command::Serve(serve) = Cli::try_parse_from(args)
+        .expect("the Deployment's args parse")
+        .command
+    else {
+        panic!("the Deployment does not run serve")
+    };
+    let port = |name: &str| {
+        container
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no container port {name}"))
+            .container_port
+    };
+    assert_eq!(i32::from(serve.listen.port()), port("webhook"));
+    assert_eq!(i32::from(serve.admin_listen.port()), port("admin"));
+    // The certificate files are in the mounted Secret.
+    let mount = &container.volume_mounts.as_ref().unwrap()[0];
+    assert!(serve.tls_cert_file.unwrap().starts_with(&mount.mount_path));
+    assert!(serve.tls_key_file.unwrap().starts_with(&mount.mount_path));
+    let volumes = spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .as_ref()
+        .unwrap();
+    let secret = volumes
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap()
+        .secret
+        .as_ref()
+        .unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some(deploy::TLS_SECRET));
+    // The grace period covers the drain delay and the server's shutdown timeout.
+    let grace = spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .termination_grace_period_seconds
+        .unwrap();
+    assert!(
+        u64::try_from(grace).unwrap()
+            > serve.drain_delay_seconds + server::SHUTDOWN_TIMEOUT.as_secs(),
+        "terminationGracePeriodSeconds {grace} must exceed drain + shutdown"
+    );
+
+    // The probes hit real admin routes, on the admin port.
+    for probe in [&container.liveness_probe, &container.readiness_probe] {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(get.port, IntOrString::String("admin".into()));
+        let path = get.path.as_deref().unwrap();
+        assert_eq!(
+            status(server::admin_router(state.clone()), "GET", path).await,
+            200,
+            "{path}"
+        );
+    }
+
+    // Every Service port targets a named container port.
+    for service_port in service.spec.as_ref().unwrap().ports.as_ref().unwrap() {
+        let Some(IntOrString::String(target)) = &service_port.target_port else {
+            panic!("target ports are named")
+        };
+        port(target);
+    }
+    let webhook_port = service
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.target_port == Some(IntOrString::String("webhook".into())))
+        .unwrap()
+        .port;
+
+    // Both webhooks call that Service, at paths the server routes; or, in the local overlay, the
+    // URL of a local `serve`.
+    let mut client_configs: Vec<(&str, &WebhookClientConfig, Option<&str>, i32)> = Vec::new();
+    for config in &mutating {
+        for webhook in config.webhooks.as_ref().unwrap() {
+            client_configs.push((
+                webhook.name.as_str(),
+                &webhook.client_config,
+                webhook.failure_policy.as_deref(),
+                webhook.timeout_seconds.unwrap(),
+            ));
+            assert_eq!(webhook.reinvocation_policy.as_deref(), Some("IfNeeded"));
+            assert_eq!(webhook.side_effects, "None");
+            let rules = webhook.rules.as_ref().unwrap();
+            assert_eq!(rules.len(), 1);
+            assert_eq!(
+                rules[0].operations.as_deref(),
+                Some(&["CREATE".to_owned()][..]),
+                "Jobs are mutated at CREATE only"
+            );
+        }
+    }
+    for config in &validating {
+        for webhook in config.webhooks.as_ref().unwrap() {
+            client_configs.push((
+                webhook.name.as_str(),
+                &webhook.client_config,
+                webhook.failure_policy.as_deref(),
+                webhook.timeout_seconds.unwrap(),
+            ));
+            assert_eq!(webhook.side_effects, "None");
+            let resources: Vec<String> = webhook
+                .rules
+                .as_ref()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r.resources.clone().unwrap())
+                .collect();
+            for kind in [
+                "pods",
+                "deployments",
+                "statefulsets",
+                "daemonsets",
+                "replicasets",
+                "replicationcontrollers",
+                "jobs",
+                "cronjobs",
+            ] {
+                assert!(
+                    resources.iter().any(|r| r == kind),
+                    "the validating webhook misses {kind}"
+                );
+            }
+        }
+    }
+    assert_eq!(client_configs.len(), 2 * mutating.len());
+    for (name, client, failure_policy, timeout) in client_configs {
+        assert!(
+            timeout <= 10,
+            "{name}: timeoutSeconds {timeout} is too long"
+        );
+        assert!(
+            failure_policy.is_some(),
+            "{name}: failurePolicy is explicit"
+        );
+        let path = match (&client.service, &client.url) {
+            (Some(reference), None) => {
+                assert_eq!(
+                    reference.name,
+                    service.metadata.name.clone().unwrap(),
+                    "{name}"
+                );
+                assert_eq!(reference.namespace, namespace, "{name}");
+                assert_eq!(reference.port, Some(webhook_port), "{name}");
+                reference.path.clone().unwrap()
+            }
+            (None, Some(url)) => {
+                let rest = url
+                    .strip_prefix(&format!("https://127.0.0.1:{}", server::WEBHOOK_PORT))
+                    .unwrap_or_else(|| panic!("{name}: {url}"));
+                rest.to_owned()
+            }
+            other => panic!("{name}: service or url, not both: {other:?}"),
+        };
+        assert_eq!(
+            status(server::webhook_router(state.clone()), "POST", &path).await,
+            400,
+            "{name}: {path} is not a webhook route"
+        );
+    }
+
+    // Both webhooks skip kube-system and gpu-guard's own namespace, and need the opt-in label.
+    for selector in mutating
+        .iter()
+        .flat_map(|c| c.webhooks.clone().unwrap())
+        .map(|w| w.namespace_selector.unwrap())
+        .chain(
+            validating
+                .iter()
+                .flat_map(|c| c.webhooks.clone().unwrap())
+                .map(|w| w.namespace_selector.unwrap()),
+        )
+    {
+        let expressions = selector.match_expressions.unwrap();
+        assert!(expressions.iter().any(|e| e.key == deploy::ENABLED_LABEL
+            && e.operator == "In"
+            && e.values == Some(vec!["true".into()])));
+        let excluded = expressions
+            .iter()
+            .find(|e| e.key == deploy::NAMESPACE_NAME_LABEL && e.operator == "NotIn")
+            .unwrap();
+        for namespace in ["kube-system", namespace] {
+            assert!(
+                excluded
+                    .values
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v == namespace),
+                "{namespace} must be excluded"
+            );
+        }
+    }
+
+    // RBAC: the binding names the Deployment's service account and the role; the role covers
+    // every resource the cluster caches watch, and nothing else.
+    let account = spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .service_account_name
+        .clone()
+        .unwrap();
+    let binding = &bindings[0];
+    assert_eq!(
+        binding.role_ref.name,
+        roles[0].metadata.name.clone().unwrap()
+    );
+    let subject = &binding.subjects.as_ref().unwrap()[0];
+    assert_eq!(
+        (subject.name.as_str(), subject.namespace.as_deref()),
+        (account.as_str(), Some(namespace))
+    );
+    let rules = roles[0].rules.clone().unwrap();
+    for (group, resource, verbs) in gpu_guard::cluster::RBAC_RULES {
+        assert!(
+            rules.iter().any(|rule| rule
+                .api_groups
+                .as_ref()
+                .unwrap()
+                .contains(&group.to_owned())
+                && rule
+                    .resources
+                    .as_ref()
+                    .unwrap()
+                    .contains(&resource.to_owned())
+                && verbs.iter().all(|v| rule.verbs.contains(&(*v).to_owned()))),
+            "RBAC misses {verbs:?} on {resource}"
+        );
+    }
+    assert_eq!(
+        rules.len(),
+        gpu_guard::cluster::RBAC_RULES.len(),
+        "nothing more than the code uses"
+    );
+    assert!(
+        rules.iter().all(|r| r
+            .verbs
+            .iter()
+            .all(|v| ["get", "list", "watch"].contains(&v.as_str()))),
+        "read-only"
+    );
+
+    // The cert-manager certificate is for the Service's DNS names and written to the mounted Secret.
+    let certificates: Vec<&Value> = objects["Certificate"]
+        .iter()
+        .map(|(_, v)| v)
+        .filter(|v| v["spec"]["isCA"] != true)
+        .collect();
+    assert_eq!(certificates.len(), 1);
+    assert_eq!(certificates[0]["spec"]["secretName"], deploy::TLS_SECRET);
+    let service_dns = format!("{}.{namespace}.svc", service.metadata.name.clone().unwrap());
+    assert!(
+        certificates[0]["spec"]["dnsNames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == &Value::from(service_dns.clone()))
+    );
+    // The ServiceMonitor scrapes the Service's metrics port at the server's metrics path.
+    let monitor = &objects["ServiceMonitor"][0].1;
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["path"], server::METRICS_PATH);
+    assert!(
+        service
+            .spec
+            .as_ref()
+            .unwrap()
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|p| p.name.as_deref() == endpoint["port"].as_str())
+    );
+    assert!(
+        monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| service
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .get(k)
+                .map(String::as_str)
+                == v.as_str())
+    );
+}
+
+#[tokio::test]
+async fn the_alerts_and_the_dashboard_use_metrics_the_server_exports() {
+    let mut rules = read(&root().join("webhook-config/monitoring/prometheusrule.yaml"));
+    rules.push_str(&read(
+        &root().join("webhook-config/monitoring/dashboard.json"),
+    ));
+    // Families with no sample are not exported: make one of each.
+    let state = AppState::new(Policy::embedded());
+    let review =
+        std::fs::read(root().join("tests/fixtures/admission/016-Pod-CREATE-validate.json"))
+            .unwrap();
+    let request = Request::post(server::VALIDATE_PATH)
+        .header("content-type", "application/json")
+        .body(Body::from(review))
+        .unwrap();
+    let response = server::webhook_router(state.clone())
+        .oneshot(request)
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    state
+        .metrics
+        .observe_caches(&[gpu_guard::cluster::CacheStatus {
+            resource: gpu_guard::cluster::NODES,
+            synced: true,
+            objects: 1,
+            since_last_event: Some(std::time::Duration::from_secs(1)),
+            watch_errors: 0,
+        }]);
+    let exported = state.metrics.encode();
+    let mut checked = 0;
+    for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if let Some(name) = word.strip_prefix("gpu_guard_") {
+            let family = name.trim_end_matches("_bucket").trim_end_matches("_total");
+            assert!(
+                exported.contains(&format!("# TYPE gpu_guard_{family} ")),
+                "alert uses unknown metric gpu_guard_{name}:\n{exported}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "{checked}");
+}

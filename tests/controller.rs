@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use gpu_guard::controller::RBAC_RULES;
 use gpu_guard::controller::lease::LeaseLock;
 use gpu_guard::controller::metrics::ControllerMetrics;
 use gpu_guard::controller::node::{OWNER_ANNOTATION, TAINT_KEY};
@@ -559,6 +560,59 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// The RBAC `(group, resource, verb)` a request needs.
+fn rbac_need(request: &Logged) -> (String, String, &'static str) {
+    let path = request.path.trim_start_matches('/');
+    let (group, rest) = if let Some(rest) = path.strip_prefix("api/v1/") {
+        ("", rest)
+    } else {
+        let rest = path.strip_prefix("apis/").expect("an API path");
+        let mut parts = rest.splitn(3, '/');
+        let group = parts.next().expect("group");
+        let _version = parts.next();
+        (group, parts.next().unwrap_or_default())
+    };
+    let mut segments: Vec<&str> = rest.split('/').collect();
+    if segments.len() > 2 && segments[0] == "namespaces" {
+        segments.drain(..2);
+    }
+    let resource = match segments.as_slice() {
+        [resource, _, subresource] => format!("{resource}/{subresource}"),
+        [resource, ..] => (*resource).to_owned(),
+        [] => unreachable!("split yields one segment at least"),
+    };
+    let named = segments.len() > 1;
+    let verb = match (&request.method, named) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) if request.query.get("watch").map(String::as_str) == Some("true") => {
+            "watch"
+        }
+        (&Method::GET, false) => "list",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, _) => "delete",
+        (method, _) => panic!("unexpected method {method}"),
+    };
+    (group.to_owned(), resource, verb)
+}
+
+/// Every request the fake received is allowed by the controller's published RBAC rules.
+fn assert_rbac_allows(requests: &[Logged]) {
+    assert!(!requests.is_empty());
+    for request in requests {
+        let (group, resource, verb) = rbac_need(request);
+        assert!(
+            RBAC_RULES
+                .iter()
+                .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb)),
+            "{verb} {group}/{resource} ({} {}) is not in controller::RBAC_RULES",
+            request.method,
+            request.path
+        );
+    }
+}
+
 struct World {
     fake: Fake,
     caches: Caches,
@@ -1059,6 +1113,50 @@ async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
     assert_eq!(world.metrics.pods_marked.get(), 2);
     assert_eq!(world.metrics.pods_evicted.get(), 2);
     assert_eq!(world.metrics.reconcile_errors.get(), 0);
+}
+
+#[tokio::test]
+async fn the_published_rbac_rules_allow_every_call_the_controller_makes() {
+    let mut world =
+        World::start(policy(|p| p.controller.pods.evict_pods = true), pod_world()).await;
+    {
+        // A conflict, so the node is read too.
+        let mut state = world.fake.lock();
+        state.node_conflicts = 1;
+        state.conflict_change = Some(|node| {
+            node["metadata"]["labels"]["touched"] = json!("yes");
+        });
+    }
+    world.pass(0).await;
+    world.pass(120).await;
+    let requests = world.fake.requests();
+    let kinds: std::collections::BTreeSet<(String, String, &str)> =
+        requests.iter().map(rbac_need).collect();
+    for needed in [
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "pods", "list"),
+        ("", "pods/status", "patch"),
+        ("", "pods/eviction", "create"),
+        ("", "namespaces", "watch"),
+        ("events.k8s.io", "events", "create"),
+    ] {
+        assert!(
+            kinds.contains(&(needed.0.to_owned(), needed.1.to_owned(), needed.2)),
+            "{needed:?} not exercised: {kinds:?}"
+        );
+    }
+    assert_rbac_allows(&requests);
+
+    // Leases.
+    let fake = Fake::start().await;
+    let a = lock(&fake, "replica-a");
+    assert!(a.try_acquire_or_renew(at(0)).await.expect("acquire"));
+    assert!(a.try_acquire_or_renew(at(1)).await.expect("renew"));
+    a.release(at(2)).await.expect("release");
+    assert_rbac_allows(&fake.requests());
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use gpu_guard::controller::RBAC_RULES;
-use gpu_guard::controller::lease::LeaseLock;
+use gpu_guard::controller::lease::{Elector, LeaseLock};
 use gpu_guard::controller::metrics::ControllerMetrics;
 use gpu_guard::controller::node::{OWNER_ANNOTATION, TAINT_KEY};
 use gpu_guard::controller::reconcile::{Caches, PassReport, Reconciler};
@@ -78,6 +78,8 @@ struct State {
     conflict_change: Option<fn(&mut Value)>,
     /// The status evictions are answered with (201 by default).
     eviction_status: Option<u16>,
+    /// Lease requests are answered 500 while true.
+    leases_failing: bool,
 }
 
 #[derive(Clone)]
@@ -220,6 +222,10 @@ impl Fake {
             (&Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => {
                 (StatusCode::OK, body)
             }
+            (_, ["apis", "coordination.k8s.io", ..]) if state.leases_failing => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                status(500, "InternalError", "etcd is unhappy"),
+            ),
             (
                 _,
                 [
@@ -1409,6 +1415,28 @@ async fn the_lease_is_acquired_renewed_blocked_taken_over_and_released() {
             .expect("acquire after release")
     );
     assert_eq!(lease_spec(&fake)["leaseTransitions"], 2);
+}
+
+#[tokio::test]
+async fn a_leader_that_cannot_renew_stops_before_its_lease_expires() {
+    let fake = Fake::start().await;
+    let lock = LeaseLock::new(
+        fake.client(),
+        "gpu-guard",
+        "gpu-guard-controller",
+        "replica-a",
+        Duration::from_millis(600),
+    );
+    let mut elector = Elector::new(lock);
+    assert!(elector.round().await);
+    fake.lock().leases_failing = true;
+    // Within two thirds of the lease: still leading, though the renewal failed.
+    assert!(elector.round().await);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(!elector.round().await);
+    // The API server answers again: leading again (the lease is still ours).
+    fake.lock().leases_failing = false;
+    assert!(elector.round().await);
 }
 
 #[tokio::test]

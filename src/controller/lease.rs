@@ -8,8 +8,8 @@
 //!   it over (`leaseTransitions + 1`).
 //! - Held by another, unexpired: not the leader.
 //!
-//! A leader that cannot renew for a whole lease duration must stop acting: [`Elector`] tracks
-//! that on its own clock. On shutdown [`LeaseLock::release`] clears the holder so the next
+//! A leader that cannot renew must stop acting before its lease expires: [`Elector`] stops
+//! after two thirds of the lease duration without a renewal, on its own clock. On shutdown [`LeaseLock::release`] clears the holder so the next
 //! replica need not wait for the lease to expire.
 
 use std::time::Duration;
@@ -151,9 +151,11 @@ impl Elector {
 
     /// One round of the election: whether this replica leads now.
     pub async fn round(&mut self) -> bool {
+        // Measured from before the request, like the renewTime written.
+        let started = std::time::Instant::now();
         match self.lock.try_acquire_or_renew(Timestamp::now()).await {
             Ok(true) => {
-                self.last_renewed = Some(std::time::Instant::now());
+                self.last_renewed = Some(started);
                 true
             }
             Ok(false) => {
@@ -162,9 +164,11 @@ impl Elector {
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot read or renew the leader Lease");
-                // Keep leading until the lease this replica renewed last would have expired.
+                // Keep leading for two thirds of the lease this replica renewed last (like
+                // client-go's renew deadline): it stops well before another replica may take
+                // the expired lease over.
                 self.last_renewed
-                    .is_some_and(|at| at.elapsed() < self.lock.duration)
+                    .is_some_and(|at| at.elapsed() < self.lock.duration * 2 / 3)
             }
         }
     }

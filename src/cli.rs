@@ -288,6 +288,10 @@ pub struct WebhookConfigArgs {
     /// https://127.0.0.1:8443 for a `gpu-guard serve` beside a local API server).
     #[arg(long, value_name = "URL")]
     pub local_url: Option<String>,
+    /// The node health controller's objects (ServiceAccount, ClusterRole and binding,
+    /// Deployment) instead of the webhook's.
+    #[arg(long, conflicts_with = "local_url")]
+    pub controller: bool,
     /// Write one file per resource and a kustomization.yaml into this directory instead of
     /// printing a YAML stream.
     #[arg(long, value_name = "DIR")]
@@ -706,13 +710,24 @@ fn run_generate_webhook_config(args: &WebhookConfigArgs) -> Report {
         validate_failure_policy: args.validate_failure_policy,
         local_url: args.local_url.clone(),
     };
-    let files = if options.local_url.is_some() {
-        vec![crate::deploy::File {
-            name: "webhooks.yaml",
-            objects: crate::deploy::webhooks(&options),
-        }]
+    let (files, generated) = if args.controller {
+        (
+            crate::deploy::controller(&options),
+            crate::deploy::Generated::Controller,
+        )
+    } else if options.local_url.is_some() {
+        (
+            vec![crate::deploy::File {
+                name: "webhooks.yaml",
+                objects: crate::deploy::webhooks(&options),
+            }],
+            crate::deploy::Generated::Local,
+        )
     } else {
-        crate::deploy::base(&options)
+        (
+            crate::deploy::base(&options),
+            crate::deploy::Generated::Base,
+        )
     };
     let Some(dir) = &args.out_dir else {
         let objects: Vec<Value> = files.into_iter().flat_map(|f| f.objects).collect();
@@ -725,7 +740,7 @@ fn run_generate_webhook_config(args: &WebhookConfigArgs) -> Report {
         return failure(format!("{}: cannot create: {error}\n", dir.display()));
     }
     let mut written = String::new();
-    for (name, text) in crate::deploy::render(&files, options.local_url.is_some()) {
+    for (name, text) in crate::deploy::render(&files, generated) {
         let path = dir.join(&name);
         if let Err(error) = std::fs::write(&path, text) {
             return failure(format!("{}: cannot write: {error}\n", path.display()));

@@ -107,9 +107,14 @@ impl FailurePolicy {
 
 /// The labels of gpu-guard's webhook pods (the Deployment's selector, the Service's, the PDB's).
 pub fn pod_labels() -> BTreeMap<String, String> {
+    component_labels("webhook")
+}
+
+/// The labels of one component's pods (`webhook`, `controller`).
+pub fn component_labels(component: &str) -> BTreeMap<String, String> {
     [
         ("app.kubernetes.io/name", "gpu-guard"),
-        ("app.kubernetes.io/component", "webhook"),
+        ("app.kubernetes.io/component", component),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -117,7 +122,11 @@ pub fn pod_labels() -> BTreeMap<String, String> {
 }
 
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
-    let mut labels = pod_labels();
+    component_meta("webhook", name, namespace)
+}
+
+fn component_meta(component: &str, name: &str, namespace: Option<&str>) -> ObjectMeta {
+    let mut labels = component_labels(component);
     labels.insert(
         "app.kubernetes.io/part-of".to_owned(),
         "gpu-guard".to_owned(),
@@ -285,16 +294,7 @@ fn deployment(options: &Options) -> Deployment {
         }),
         liveness_probe: Some(probe(HEALTHZ_PATH, 10, 3)),
         readiness_probe: Some(probe(READYZ_PATH, 5, 2)),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                ..Capabilities::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(container_security()),
         volume_mounts: Some(vec![VolumeMount {
             name: "tls".to_owned(),
             mount_path: CERT_DIR.to_owned(),
@@ -302,16 +302,6 @@ fn deployment(options: &Options) -> Deployment {
             ..VolumeMount::default()
         }]),
         ..Container::default()
-    };
-    let spread = |key: &str, unsatisfiable: &str| TopologySpreadConstraint {
-        max_skew: 1,
-        topology_key: key.to_owned(),
-        when_unsatisfiable: unsatisfiable.to_owned(),
-        label_selector: Some(LabelSelector {
-            match_labels: Some(labels.clone()),
-            ..LabelSelector::default()
-        }),
-        ..TopologySpreadConstraint::default()
     };
     Deployment {
         metadata: meta(&options.service_name, Some(&options.namespace)),
@@ -338,20 +328,8 @@ fn deployment(options: &Options) -> Deployment {
                     priority_class_name: Some("system-cluster-critical".to_owned()),
                     // Drain delay + the server's 10 s shutdown timeout + margin.
                     termination_grace_period_seconds: Some(DRAIN_DELAY_SECONDS + 20),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".to_owned(),
-                            ..SeccompProfile::default()
-                        }),
-                        ..PodSecurityContext::default()
-                    }),
-                    topology_spread_constraints: Some(vec![
-                        spread("kubernetes.io/hostname", "DoNotSchedule"),
-                        spread("topology.kubernetes.io/zone", "ScheduleAnyway"),
-                    ]),
+                    security_context: Some(pod_security()),
+                    topology_spread_constraints: Some(spread(&labels)),
                     containers: vec![container],
                     volumes: Some(vec![Volume {
                         name: "tls".to_owned(),
@@ -368,6 +346,168 @@ fn deployment(options: &Options) -> Deployment {
         }),
         ..Deployment::default()
     }
+}
+
+/// The restricted Pod Security Standard, container part.
+fn container_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The restricted Pod Security Standard, pod part: a numeric non-root user, RuntimeDefault.
+fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            ..SeccompProfile::default()
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// Replicas on different nodes (required) and zones (preferred).
+fn spread(labels: &BTreeMap<String, String>) -> Vec<TopologySpreadConstraint> {
+    let constraint = |key: &str, unsatisfiable: &str| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: key.to_owned(),
+        when_unsatisfiable: unsatisfiable.to_owned(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(labels.clone()),
+            ..LabelSelector::default()
+        }),
+        ..TopologySpreadConstraint::default()
+    };
+    vec![
+        constraint("kubernetes.io/hostname", "DoNotSchedule"),
+        constraint("topology.kubernetes.io/zone", "ScheduleAnyway"),
+    ]
+}
+
+/// The controller (`gpu-guard controller`): its ServiceAccount, ClusterRole (exactly
+/// [`crate::controller::RBAC_RULES`]) and binding, and a Deployment of two replicas of which
+/// the Lease holder acts.
+pub fn controller(options: &Options) -> Vec<File> {
+    const NAME: &str = "gpu-guard-controller";
+    let namespace = options.namespace.as_str();
+    let meta = |name: &str, namespace: Option<&str>| component_meta("controller", name, namespace);
+    let rules = crate::controller::RBAC_RULES
+        .iter()
+        .map(|(group, resource, verbs)| PolicyRule {
+            api_groups: Some(vec![(*group).to_owned()]),
+            resources: Some(vec![(*resource).to_owned()]),
+            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+            ..PolicyRule::default()
+        })
+        .collect();
+    let rbac = vec![
+        to_value(ServiceAccount {
+            metadata: meta(NAME, Some(namespace)),
+            ..ServiceAccount::default()
+        }),
+        to_value(ClusterRole {
+            metadata: meta(NAME, None),
+            rules: Some(rules),
+            ..ClusterRole::default()
+        }),
+        to_value(ClusterRoleBinding {
+            metadata: meta(NAME, None),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "ClusterRole".to_owned(),
+                name: NAME.to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: NAME.to_owned(),
+                namespace: Some(namespace.to_owned()),
+                ..Subject::default()
+            }]),
+        }),
+    ];
+    let labels = component_labels("controller");
+    let env = crate::controller::DOWNWARD_API_ENV
+        .iter()
+        .map(|(name, field)| k8s_openapi::api::core::v1::EnvVar {
+            name: (*name).to_owned(),
+            value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {
+                field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                    field_path: (*field).to_owned(),
+                    ..k8s_openapi::api::core::v1::ObjectFieldSelector::default()
+                }),
+                ..k8s_openapi::api::core::v1::EnvVarSource::default()
+            }),
+            ..k8s_openapi::api::core::v1::EnvVar::default()
+        })
+        .collect();
+    let container = Container {
+        name: "controller".to_owned(),
+        image: Some(options.image.clone()),
+        args: Some(crate::controller::container_args()),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("admin".to_owned()),
+            container_port: i32::from(crate::controller::ADMIN_PORT),
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(&[("cpu", "50m"), ("memory", "64Mi")])),
+            limits: Some(quantities(&[("cpu", "500m"), ("memory", "512Mi")])),
+            ..ResourceRequirements::default()
+        }),
+        liveness_probe: Some(probe(HEALTHZ_PATH, 10, 3)),
+        readiness_probe: Some(probe(READYZ_PATH, 5, 2)),
+        security_context: Some(container_security()),
+        ..Container::default()
+    };
+    let deployment = Deployment {
+        metadata: meta(NAME, Some(namespace)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NAME.to_owned()),
+                    priority_class_name: Some("system-cluster-critical".to_owned()),
+                    termination_grace_period_seconds: Some(30),
+                    security_context: Some(pod_security()),
+                    topology_spread_constraints: Some(spread(&labels)),
+                    containers: vec![container],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    };
+    vec![
+        File {
+            name: "rbac.yaml",
+            objects: rbac,
+        },
+        File {
+            name: "deployment.yaml",
+            objects: vec![to_value(deployment)],
+        },
+    ]
 }
 
 fn pdb(namespace: &str) -> PodDisruptionBudget {
@@ -564,8 +704,13 @@ pub fn kustomization(files: &[File], local: bool) -> Value {
 
 /// The files of a generated directory, rendered: each resource file and `kustomization.yaml`,
 /// each headed with the command that makes it.
-pub fn render(files: &[File], local: bool) -> Vec<(String, String)> {
-    let command = if local { LOCAL_COMMAND } else { BASE_COMMAND };
+pub fn render(files: &[File], kind: Generated) -> Vec<(String, String)> {
+    let local = kind == Generated::Local;
+    let command = match kind {
+        Generated::Base => BASE_COMMAND,
+        Generated::Local => LOCAL_COMMAND,
+        Generated::Controller => CONTROLLER_COMMAND,
+    };
     let header = format!("# Generated by `{command}`; do not edit.\n");
     let mut rendered: Vec<(String, String)> = files
         .iter()
@@ -584,6 +729,20 @@ pub fn render(files: &[File], local: bool) -> Vec<(String, String)> {
     rendered
 }
 
+/// Which generated directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Generated {
+    /// `webhook-config/base/`.
+    Base,
+    /// `webhook-config/overlays/local/`.
+    Local,
+    /// `webhook-config/controller/`.
+    Controller,
+}
+
+/// The command that generates `webhook-config/controller/`.
+pub const CONTROLLER_COMMAND: &str =
+    "gpu-guard generate webhook-config --controller --out-dir webhook-config/controller";
 /// The command that generates `webhook-config/base/`.
 pub const BASE_COMMAND: &str = "gpu-guard generate webhook-config --out-dir webhook-config/base";
 /// The command that generates `webhook-config/overlays/local/`.

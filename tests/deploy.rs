@@ -32,11 +32,14 @@ fn read(path: &Path) -> String {
 }
 
 #[test]
-fn the_checked_in_base_and_local_overlay_are_the_generators_output() {
-    let stale = "stale: run `cargo run -- generate webhook-config --out-dir webhook-config/base` \
-                 and `cargo run -- generate webhook-config --local-url https://127.0.0.1:8443 \
-                 --out-dir webhook-config/overlays/local`";
-    let base = deploy::render(&deploy::base(&Options::default()), false);
+fn the_checked_in_base_local_overlay_and_controller_are_the_generators_output() {
+    let stale =
+        "stale: run the command in its first line (cargo run -- generate webhook-config ...)";
+    let base = deploy::render(&deploy::base(&Options::default()), deploy::Generated::Base);
+    let controller = deploy::render(
+        &deploy::controller(&Options::default()),
+        deploy::Generated::Controller,
+    );
     let local_options = Options {
         local_url: Some("https://127.0.0.1:8443".into()),
         ..Options::default()
@@ -46,11 +49,12 @@ fn the_checked_in_base_and_local_overlay_are_the_generators_output() {
             name: "webhooks.yaml",
             objects: deploy::webhooks(&local_options),
         }],
-        true,
+        deploy::Generated::Local,
     );
     for (dir, files) in [
         ("webhook-config/base", base),
         ("webhook-config/overlays/local", local),
+        ("webhook-config/controller", controller),
     ] {
         let mut names: Vec<String> = std::fs::read_dir(root().join(dir))
             .unwrap()
@@ -141,7 +145,13 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         one(&objects, "ValidatingWebhookConfiguration");
     let roles: Vec<ClusterRole> = one(&objects, "ClusterRole");
     let bindings: Vec<ClusterRoleBinding> = one(&objects, "ClusterRoleBinding");
-    let (service, deployment, pdb) = (&services[0], &deployments[0], &pdbs[0]);
+    let named = |name: &str| {
+        deployments
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no Deployment {name}"))
+    };
+    let (service, deployment, pdb) = (&services[0], named("gpu-guard"), &pdbs[0]);
     let namespace = service.metadata.namespace.as_deref().unwrap();
     let state = AppState::new(Policy::embedded());
 
@@ -398,44 +408,133 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         .service_account_name
         .clone()
         .unwrap();
-    let binding = &bindings[0];
-    assert_eq!(
-        binding.role_ref.name,
-        roles[0].metadata.name.clone().unwrap()
-    );
-    let subject = &binding.subjects.as_ref().unwrap()[0];
-    assert_eq!(
-        (subject.name.as_str(), subject.namespace.as_deref()),
-        (account.as_str(), Some(namespace))
-    );
-    let rules = roles[0].rules.clone().unwrap();
-    for (group, resource, verbs) in gpu_guard::cluster::RBAC_RULES {
-        assert!(
-            rules.iter().any(|rule| rule
-                .api_groups
-                .as_ref()
-                .unwrap()
-                .contains(&group.to_owned())
-                && rule
-                    .resources
+    let rules_of = |deployment: &Deployment| {
+        let account = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .service_account_name
+            .clone()
+            .unwrap();
+        let binding = bindings
+            .iter()
+            .find(|b| {
+                b.subjects
                     .as_ref()
                     .unwrap()
-                    .contains(&resource.to_owned())
-                && verbs.iter().all(|v| rule.verbs.contains(&(*v).to_owned()))),
-            "RBAC misses {verbs:?} on {resource}"
-        );
-    }
-    assert_eq!(
-        rules.len(),
-        gpu_guard::cluster::RBAC_RULES.len(),
-        "nothing more than the code uses"
-    );
+                    .iter()
+                    .any(|s| s.name == account && s.namespace.as_deref() == Some(namespace))
+            })
+            .unwrap_or_else(|| panic!("no binding for {account}"));
+        let role = roles
+            .iter()
+            .find(|r| r.metadata.name.as_ref() == Some(&binding.role_ref.name))
+            .unwrap();
+        role.rules.clone().unwrap()
+    };
+    let covers = |rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+                  wanted: &[(&str, &str, &[&str])]| {
+        for (group, resource, verbs) in wanted {
+            assert!(
+                rules.iter().any(|rule| rule
+                    .api_groups
+                    .as_ref()
+                    .unwrap()
+                    .contains(&(*group).to_owned())
+                    && rule
+                        .resources
+                        .as_ref()
+                        .unwrap()
+                        .contains(&(*resource).to_owned())
+                    && verbs.iter().all(|v| rule.verbs.contains(&(*v).to_owned()))),
+                "RBAC misses {verbs:?} on {resource}"
+            );
+        }
+        assert_eq!(rules.len(), wanted.len(), "nothing more than the code uses");
+    };
+    assert_eq!(account, "gpu-guard");
+    let rules = rules_of(deployment);
+    covers(&rules, &gpu_guard::cluster::RBAC_RULES);
     assert!(
         rules.iter().all(|r| r
             .verbs
             .iter()
             .all(|v| ["get", "list", "watch"].contains(&v.as_str()))),
-        "read-only"
+        "the webhook is read-only"
+    );
+
+    // The controller: its args parse as `controller` flags on its admin port, its probes hit the
+    // admin routes, its role is exactly what it calls.
+    let controller = named("gpu-guard-controller");
+    covers(&rules_of(controller), &gpu_guard::controller::RBAC_RULES);
+    let container = webhook_container(controller);
+    let args = std::iter::once("gpu-guard".to_owned()).chain(container.args.clone().unwrap());
+    let Command::Controller(parsed) = Cli::try_parse_from(args)
+        .expect("the controller's args parse")
+        .command
+    else {
+        panic!("the controller Deployment does not run the controller")
+    };
+    let admin = container
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.name.as_deref() == Some("admin"))
+        .unwrap();
+    assert_eq!(i32::from(parsed.admin_listen.port()), admin.container_port);
+    for probe in [&container.liveness_probe, &container.readiness_probe] {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(get.port, IntOrString::String("admin".into()));
+        assert!(
+            [server::HEALTHZ_PATH, server::READYZ_PATH].contains(&get.path.as_deref().unwrap())
+        );
+    }
+    let env: Vec<&str> = container
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(
+        env,
+        ["POD_NAME", "POD_NAMESPACE"],
+        "the Lease identity and namespace"
+    );
+    let controller_spec = controller.spec.as_ref().unwrap();
+    let controller_labels = controller_spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    assert!(
+        controller_spec
+            .selector
+            .match_labels
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| controller_labels.get(k) == Some(v))
+    );
+    // The webhook's Service does not select the controller's pods.
+    assert!(
+        !service
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| controller_labels.get(k) == Some(v))
     );
 
     // The cert-manager certificate is for the Service's DNS names and written to the mounted Secret.
@@ -514,7 +613,11 @@ async fn the_alerts_and_the_dashboard_use_metrics_the_server_exports() {
             since_last_event: Some(std::time::Duration::from_secs(1)),
             watch_errors: 0,
         }]);
-    let exported = state.metrics.encode();
+    let mut exported = state.metrics.encode();
+    for (name, kind) in gpu_guard::controller::metrics::METRIC_NAMES {
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        exported.push_str(&format!("# TYPE {family} {kind}\n"));
+    }
     let mut checked = 0;
     for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
         if let Some(name) = word.strip_prefix("gpu_guard_") {
@@ -526,5 +629,5 @@ async fn the_alerts_and_the_dashboard_use_metrics_the_server_exports() {
             checked += 1;
         }
     }
-    assert!(checked >= 15, "{checked}");
+    assert!(checked >= 20, "{checked}");
 }

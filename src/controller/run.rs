@@ -250,9 +250,9 @@ async fn reconcile_loop(
 
 fn admin_router(state: Arc<AdminState>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
+        .route(crate::server::HEALTHZ_PATH, get(|| async { "ok\n" }))
+        .route(crate::server::READYZ_PATH, get(readyz))
+        .route(crate::server::METRICS_PATH, get(metrics_text))
         .with_state(state)
 }
 

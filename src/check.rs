@@ -19,6 +19,9 @@ use crate::policy::{GuardMode, Policy};
 pub struct Finding {
     pub source: String,
     pub document: usize,
+    /// The position among the items of a `List` document.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub item: Option<usize>,
     pub kind: String,
     pub namespace: String,
     pub name: String,
@@ -65,7 +68,7 @@ impl Checked {
 
 /// Every object of the documents, `List` items flattened (an item without `kind` or
 /// `apiVersion` takes them from its list, as `kubectl get -o yaml` writes them).
-pub fn objects(documents: &[Document]) -> Vec<(&Document, Value)> {
+pub fn objects(documents: &[Document]) -> Vec<Object<'_>> {
     fn flatten(value: &Value, out: &mut Vec<Value>) {
         let kind = value
             .get("kind")
@@ -95,16 +98,47 @@ pub fn objects(documents: &[Document]) -> Vec<(&Document, Value)> {
     for document in documents {
         let mut values = Vec::new();
         flatten(&document.value, &mut values);
-        objects.extend(values.into_iter().map(|value| (document, value)));
+        let is_list = !matches!(values.as_slice(), [only] if only == &document.value);
+        objects.extend(values.into_iter().enumerate().map(|(item, value)| Object {
+            document,
+            item: is_list.then_some(item),
+            value,
+        }));
     }
     objects
 }
 
+/// One object of the inputs: its document, its position among the items of a `List` (`None`
+/// for a plain document), and the object.
+#[derive(Clone, Debug)]
+pub struct Object<'a> {
+    pub document: &'a Document,
+    pub item: Option<usize>,
+    pub value: Value,
+}
+
+impl Object<'_> {
+    /// `file (document N)` or `file (document N, item M)`.
+    pub fn location(&self) -> String {
+        match self.item {
+            Some(item) => format!(
+                "{} (document {}, item {item})",
+                self.document.source, self.document.index
+            ),
+            None => format!(
+                "{} (document {})",
+                self.document.source, self.document.index
+            ),
+        }
+    }
+}
+
 /// Adds the PriorityClass and Node objects among `objects` to `view`; returns the errors of
 /// those that cannot be read.
-pub fn learn(view: &mut StaticView, objects: &[(&Document, Value)]) -> Vec<String> {
+pub fn learn(view: &mut StaticView, objects: &[Object<'_>]) -> Vec<String> {
     let mut errors = Vec::new();
-    for (document, value) in objects {
+    for object in objects {
+        let value = &object.value;
         let api_version = value.get("apiVersion").and_then(Value::as_str);
         let kind = value.get("kind").and_then(Value::as_str);
         match (api_version, kind) {
@@ -121,17 +155,16 @@ pub fn learn(view: &mut StaticView, objects: &[(&Document, Value)]) -> Vec<Strin
                         value.get("globalDefault").and_then(Value::as_bool) == Some(true),
                     ),
                     _ => errors.push(format!(
-                        "{} (document {}): a PriorityClass needs metadata.name and an integer \
-                         value",
-                        document.source, document.index
+                        "{}: a PriorityClass needs metadata.name and an integer value",
+                        object.location()
                     )),
                 }
             }
             (Some("v1"), Some("Node")) => match serde_json::from_value(value.clone()) {
                 Ok(node) => view.add_node(node),
                 Err(error) => errors.push(format!(
-                    "{} (document {}): cannot read the Node: {error}",
-                    document.source, document.index
+                    "{}: cannot read the Node: {error}",
+                    object.location()
                 )),
             },
             _ => {}
@@ -143,13 +176,14 @@ pub fn learn(view: &mut StaticView, objects: &[(&Document, Value)]) -> Vec<Strin
 /// Judges every guarded object (and reports what `mutate` would change on Jobs and CronJobs).
 /// `namespace` is used for objects that name none.
 pub fn check(
-    objects: &[(&Document, Value)],
+    objects: &[Object<'_>],
     policy: &Policy,
     view: &dyn ClusterView,
     namespace: &str,
 ) -> Checked {
     let mut checked = Checked::default();
-    for (document, value) in objects {
+    for object in objects {
+        let (document, value) = (object.document, &object.value);
         let api_version = value.get("apiVersion").and_then(Value::as_str);
         let kind = value.get("kind").and_then(Value::as_str);
         let Some(guarded) = api_version
@@ -168,6 +202,7 @@ pub fn check(
         let mut finding = Finding {
             source: document.source.clone(),
             document: document.index,
+            item: object.item,
             kind: guarded.as_str().to_owned(),
             namespace: object_namespace.clone(),
             name: value
@@ -201,8 +236,10 @@ pub fn check(
                 finding.verdict = "error";
                 finding.message = Some(message.clone());
                 checked.errors.push(format!(
-                    "{} (document {}) {} {}: {message}",
-                    finding.source, finding.document, finding.kind, finding.name
+                    "{} {} {}: {message}",
+                    object.location(),
+                    finding.kind,
+                    finding.name
                 ));
             }
             Ok(Verdict::Allowed(Allowed::Exempt(why))) => {
@@ -259,9 +296,16 @@ pub fn render_text(checked: &Checked) -> String {
             "denied" => "DENIED",
             other => other,
         };
+        let location = match finding.item {
+            Some(item) => format!(
+                "{} (document {}, item {item})",
+                finding.source, finding.document
+            ),
+            None => format!("{} (document {})", finding.source, finding.document),
+        };
         text.push_str(&format!(
-            "{} (document {}) {} {}/{}: {verdict}",
-            finding.source, finding.document, finding.kind, finding.namespace, finding.name
+            "{location} {} {}/{}: {verdict}",
+            finding.kind, finding.namespace, finding.name
         ));
         if finding.verdict == "allowed"
             && let (Some(priority), Some(minimum)) = (finding.priority, finding.minimum)
@@ -295,7 +339,7 @@ pub fn render_text(checked: &Checked) -> String {
 /// (`NAME=VALUE`), later sources replacing earlier ones.
 pub fn offline_view(
     policy: &Policy,
-    objects: &[(&Document, Value)],
+    objects: &[Object<'_>],
     flags: &[String],
 ) -> Result<(StaticView, Vec<String>), String> {
     add_facts(
@@ -309,7 +353,7 @@ pub fn offline_view(
 /// lay over a cluster's view ([`Layered`]): a manifest that ships its own class is judged
 /// with it.
 pub fn manifest_facts(
-    objects: &[(&Document, Value)],
+    objects: &[Object<'_>],
     flags: &[String],
 ) -> Result<(StaticView, Vec<String>), String> {
     add_facts(StaticView::default(), objects, flags)
@@ -317,7 +361,7 @@ pub fn manifest_facts(
 
 fn add_facts(
     mut view: StaticView,
-    objects: &[(&Document, Value)],
+    objects: &[Object<'_>],
     flags: &[String],
 ) -> Result<(StaticView, Vec<String>), String> {
     let errors = learn(&mut view, objects);

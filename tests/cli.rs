@@ -1163,7 +1163,7 @@ fn check_names_each_object_and_exits_1_when_something_would_be_denied() {
     );
     assert_eq!(
         lines[4],
-        format!("{source} (document 3) StatefulSet default/db: allowed")
+        format!("{source} (document 3, item 0) StatefulSet default/db: allowed")
     );
     assert_eq!(lines[5], "3 object(s) checked: 2 allowed, 1 denied");
     assert_eq!(run.stderr, "");

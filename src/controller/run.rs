@@ -225,6 +225,20 @@ async fn elect(
 ) {
     let retry = retry.max(Duration::from_millis(100));
     loop {
+        // A deadline that has passed ends leadership now, not when the next round returns.
+        if elector
+            .leading_until()
+            .is_none_or(|until| Instant::now() >= until)
+            && *leader.borrow()
+        {
+            tracing::warn!(
+                identity = elector.lock().identity(),
+                "the leader's deadline passed without a renewal: standing by"
+            );
+            leadership.set(None);
+            leader.send_replace(false);
+            metrics.leader.set(0);
+        }
         let leads = elector.round().await;
         leadership.set(elector.leading_until());
         if leads != *leader.borrow() {

@@ -1481,9 +1481,9 @@ async fn a_pass_that_outlasts_leadership_stops_writing() {
     let report = world.pass(0).await;
     assert!(report.stopped);
     assert!(world.fake.requests().iter().all(|r| !r.is_write()));
-    // Leading for 300 ms; the first write takes 500 ms: nothing is written after it.
-    world.fake.lock().status_delay = Some(Duration::from_millis(500));
-    leadership.set(Some(Instant::now() + Duration::from_millis(300)));
+    // Leading for 1 s; the first write takes 1.5 s: nothing is written after it.
+    world.fake.lock().status_delay = Some(Duration::from_millis(1500));
+    leadership.set(Some(Instant::now() + Duration::from_secs(1)));
     let report = world.pass(1).await;
     assert!(report.stopped, "{report:?}");
     assert_eq!(report.marked, ["ml/a"]);

@@ -180,8 +180,9 @@ pub struct ControllerArgs {
     /// Name of the leader-election Lease.
     #[arg(long, env = "GPU_GUARD_LEASE_NAME", default_value = crate::controller::LEASE_NAME)]
     pub lease_name: String,
-    /// Seconds a Lease lasts without renewal (renewed every third of it).
-    #[arg(long, env = "GPU_GUARD_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    /// Seconds a Lease lasts without renewal (renewed every third of it), 3 to 3600.
+    #[arg(long, env = "GPU_GUARD_LEASE_DURATION_SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(3..=3600))]
     pub lease_duration_seconds: u64,
     /// This replica's identity in the Lease and in Events (default: the host name).
     #[arg(long, env = "POD_NAME")]

@@ -7,7 +7,7 @@
 //! sends the changes to the open watches, as an API server does. Tests drive the reconciler's
 //! passes with their own clock and assert the exact bodies sent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use gpu_guard::controller::RBAC_RULES;
-use gpu_guard::controller::lease::{Elector, LeaseLock};
+use gpu_guard::controller::lease::{Elector, Leadership, LeaseLock};
 use gpu_guard::controller::metrics::ControllerMetrics;
 use gpu_guard::controller::node::{OWNER_ANNOTATION, TAINT_KEY};
 use gpu_guard::controller::reconcile::{Caches, PassReport, Reconciler};
@@ -80,6 +80,12 @@ struct State {
     eviction_status: Option<u16>,
     /// Lease requests are answered 500 while true.
     leases_failing: bool,
+    /// Pods (by name) whose eviction a PodDisruptionBudget refuses (429).
+    eviction_refused: BTreeSet<String>,
+    /// Lease requests are held this long before they are answered (a hung API server).
+    lease_delay: Option<Duration>,
+    /// Pod status patches are held this long before they are applied.
+    status_delay: Option<Duration>,
 }
 
 #[derive(Clone)]
@@ -178,8 +184,21 @@ impl Fake {
             content_type,
             body: body.clone(),
         };
+        let delay = {
+            let mut state = self.lock();
+            state.requests.push(logged);
+            if path.starts_with("/apis/coordination.k8s.io/") {
+                state.lease_delay
+            } else if method == Method::PATCH && path.ends_with("/status") {
+                state.status_delay
+            } else {
+                None
+            }
+        };
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
         let mut state = self.lock();
-        state.requests.push(logged);
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let response = match (&method, segments.as_slice()) {
             (&Method::GET, _) if state.collections.contains_key(path.as_str()) => {
@@ -199,8 +218,17 @@ impl Fake {
             (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
                 patch_pod_status(&mut state, &format!("{ns}/{name}"), &body)
             }
-            (&Method::POST, ["api", "v1", "namespaces", _, "pods", _, "eviction"]) => {
+            (&Method::POST, ["api", "v1", "namespaces", _, "pods", pod, "eviction"]) => {
+                let refused = state.eviction_refused.contains(*pod);
                 match state.eviction_status {
+                    _ if refused => (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        status(
+                            429,
+                            "TooManyRequests",
+                            "Cannot evict pod as it would violate the pod's disruption budget.",
+                        ),
+                    ),
                     Some(429) => (
                         StatusCode::TOO_MANY_REQUESTS,
                         status(
@@ -534,7 +562,9 @@ fn pod(namespace: &str, name: &str, node: &str, gpu: bool, unhealthy: bool) -> V
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}")},
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}"),
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                                          "uid": "uid-train", "controller": true}]},
         "spec": {"nodeName": node, "restartPolicy": "Never",
                  "containers": [{"name": "trainer", "image": "cuda", "resources": resources}]},
         "status": {
@@ -743,7 +773,8 @@ async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery(
     assert_eq!(
         writes[0].body,
         json!({
-            "metadata": {"resourceVersion": version, "annotations": {OWNER_ANNOTATION: TAINT_TIME}},
+            "metadata": {"resourceVersion": version,
+                         "annotations": {OWNER_ANNOTATION: format!("{TAINT_TIME};nvidia.com_gpu:NoSchedule")}},
             "spec": {"taints": [
                 {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
                 {"key": TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"},
@@ -1158,9 +1189,10 @@ async fn the_published_rbac_rules_allow_every_call_the_controller_makes() {
 
     // Leases.
     let fake = Fake::start().await;
-    let a = lock(&fake, "replica-a");
-    assert!(a.try_acquire_or_renew(at(0)).await.expect("acquire"));
-    assert!(a.try_acquire_or_renew(at(1)).await.expect("renew"));
+    let mut a = lock(&fake, "replica-a");
+    let now = Instant::now();
+    assert!(a.try_acquire_or_renew(at(0), now).await.expect("acquire"));
+    assert!(a.try_acquire_or_renew(at(1), now).await.expect("renew"));
     a.release(at(2)).await.expect("release");
     assert_rbac_allows(&fake.requests());
 }
@@ -1262,6 +1294,229 @@ async fn evictions_are_rate_limited_and_a_pdb_refusal_waits() {
     assert_eq!(world.metrics.evictions_deferred.get(), 3);
 }
 
+#[tokio::test]
+async fn a_pod_a_budget_refuses_waits_on_its_own_and_does_not_starve_the_others() {
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 8)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, pod("ml", "a", "gpu-1", true, true)),
+        (PODS, pod("ml", "b", "gpu-1", true, true)),
+    ];
+    let mut world = World::start(
+        policy(|p| {
+            p.controller.pods.evict_pods = true;
+            p.controller.pods.mark_pods = false;
+            p.controller.pods.evictions_per_minute = 1;
+        }),
+        objects,
+    )
+    .await;
+    world.fake.lock().eviction_refused.insert("a".to_owned());
+    let evictions_of = |world: &World, name: &str| {
+        world
+            .fake
+            .writes()
+            .iter()
+            .filter(|w| w.path == format!("/api/v1/namespaces/ml/pods/{name}/eviction"))
+            .count()
+    };
+    // a is refused: its token goes back, and b (after it) is evicted in the same pass.
+    let report = world.pass(0).await;
+    assert_eq!(report.evicted, ["ml/b"]);
+    assert_eq!(report.evictions_deferred, ["ml/a"]);
+    assert!(report.errors.is_empty(), "{report:?}");
+    // a waits for its backoff (10 s), without asking the API server.
+    let report = world.pass(5).await;
+    assert_eq!(report.evictions_deferred, ["ml/a"]);
+    assert_eq!(evictions_of(&world, "a"), 1);
+    // Refused again: it waits twice as long.
+    world.pass(70).await;
+    assert_eq!(evictions_of(&world, "a"), 2);
+    world.pass(85).await;
+    assert_eq!(evictions_of(&world, "a"), 2);
+    // The budget allows it.
+    world.fake.lock().eviction_refused.clear();
+    let report = world.pass(90).await;
+    assert_eq!(report.evicted, ["ml/a"]);
+    assert_eq!(evictions_of(&world, "a"), 3);
+    assert_eq!(evictions_of(&world, "b"), 1);
+}
+
+#[tokio::test]
+async fn pods_nothing_would_recreate_elsewhere_are_marked_not_evicted() {
+    let owned_by = |mut pod: Value, owner: Value| {
+        pod["metadata"]["ownerReferences"] = owner;
+        pod
+    };
+    let mut tolerating = pod("ml", "tolerating", "gpu-1", true, false);
+    tolerating["spec"]["tolerations"] =
+        json!([{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]);
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 7)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, pod("ml", "job", "gpu-1", true, false)),
+        (PODS, tolerating),
+        (
+            PODS,
+            owned_by(
+                pod("ml", "daemon", "gpu-1", true, false),
+                json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d",
+                        "uid": "uid-d", "controller": true}]),
+            ),
+        ),
+        (
+            PODS,
+            owned_by(pod("ml", "bare", "gpu-1", true, false), json!(null)),
+        ),
+    ];
+    let mut world = World::start(policy(|p| p.controller.pods.evict_pods = true), objects).await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert_eq!(
+        report.marked,
+        ["ml/bare", "ml/daemon", "ml/job", "ml/tolerating"]
+    );
+    assert_eq!(report.evicted, ["ml/job"]);
+}
+
+#[tokio::test]
+async fn pods_are_not_marked_for_their_node_during_its_recovery() {
+    let mut world = World::start(policy(|_| {}), pod_world()).await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert_eq!(report.marked, ["ml/on-degraded"]);
+    // The node heals; it keeps the taint for healthyForSeconds. A pod with a healthy GPU that
+    // comes to it meanwhile is not marked.
+    world.node_cached("gpu-1", has_our_taint).await;
+    let mut healed = world.fake.object(NODES, "gpu-1");
+    healed["status"]["allocatable"]["nvidia.com/gpu"] = json!("8");
+    world.fake.put(NODES, healed);
+    world
+        .node_cached("gpu-1", |node| {
+            node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        })
+        .await;
+    world
+        .fake
+        .put(PODS, pod("ml", "late", "gpu-1", true, false));
+    world.pod_cached("late", |_| true).await;
+    let report = world.pass(200).await;
+    assert!(report.marked.is_empty(), "{report:?}");
+    assert!(report.untainted.is_empty());
+}
+
+#[tokio::test]
+async fn a_stale_owner_annotation_is_cleared_and_only_gpu_guards_exact_taint_is_removed() {
+    let recorded = format!("{TAINT_TIME};nvidia.com_gpu:NoSchedule");
+    // gpu-1: someone removed gpu-guard's taint by hand; the annotation stayed.
+    let mut stale = gpu_node("gpu-1", 8, 8);
+    stale["metadata"]["annotations"] = json!({OWNER_ANNOTATION: recorded});
+    // gpu-2: gpu-guard's taint next to someone's NoExecute taint with the same key.
+    let mut both = gpu_node("gpu-2", 8, 8);
+    both["metadata"]["annotations"] = json!({OWNER_ANNOTATION: recorded});
+    let taints = both["spec"]["taints"].as_array_mut().expect("taints");
+    taints.push(json!({"key": TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"}));
+    taints.push(json!({"key": TAINT_KEY, "value": "by-hand", "effect": "NoExecute"}));
+    let mut world = World::start(policy(|_| {}), vec![(NODES, stale), (NODES, both)]).await;
+
+    let version = world.fake.object(NODES, "gpu-1")["metadata"]["resourceVersion"].clone();
+    world.pass(0).await;
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
+    assert_eq!(
+        writes[0].body,
+        json!({"metadata": {"resourceVersion": version, "annotations": {OWNER_ANNOTATION: null}}})
+    );
+    assert_eq!(
+        world.fake.object(NODES, "gpu-1")["spec"]["taints"],
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    );
+    assert_eq!(world.metrics.tainted_nodes.get(), 1);
+
+    // A taint with the key added by hand later is someone else's: never removed.
+    world
+        .node_cached("gpu-1", |node| node["metadata"]["annotations"] == json!({}))
+        .await;
+    let mut manual = world.fake.object(NODES, "gpu-1");
+    manual["spec"]["taints"]
+        .as_array_mut()
+        .expect("taints")
+        .push(json!({"key": TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"}));
+    world.fake.put(NODES, manual);
+    world.node_cached("gpu-1", has_our_taint).await;
+    world.fake.clear_requests();
+
+    // gpu-2 recovers: only gpu-guard's taint is removed, the NoExecute one stays.
+    world.pass(100).await;
+    let report = world.pass(700).await;
+    assert_eq!(report.untainted, ["gpu-2"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-2");
+    assert_eq!(
+        writes[0].body["spec"]["taints"],
+        json!([
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": TAINT_KEY, "value": "by-hand", "effect": "NoExecute"},
+        ])
+    );
+    assert!(has_our_taint(&world.fake.object(NODES, "gpu-1")));
+}
+
+#[tokio::test]
+async fn a_pass_that_outlasts_leadership_stops_writing() {
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 8)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, pod("ml", "a", "gpu-1", true, true)),
+        (PODS, pod("ml", "b", "gpu-1", true, true)),
+    ];
+    let mut world = World::start(policy(|p| p.controller.pods.evict_pods = true), objects).await;
+    let leadership = Leadership::default();
+    world.reconciler.set_leadership(leadership.clone());
+    // Not leading: nothing is written at all.
+    let report = world.pass(0).await;
+    assert!(report.stopped);
+    assert!(world.fake.requests().iter().all(|r| !r.is_write()));
+    // Leading for 1 s; the first write takes 1.5 s: nothing is written after it.
+    world.fake.lock().status_delay = Some(Duration::from_millis(1500));
+    leadership.set(Some(Instant::now() + Duration::from_secs(1)));
+    let report = world.pass(1).await;
+    assert!(report.stopped, "{report:?}");
+    assert_eq!(report.marked, ["ml/a"]);
+    assert!(report.evicted.is_empty());
+    let writes: Vec<String> = world
+        .fake
+        .requests()
+        .into_iter()
+        .filter(Logged::is_write)
+        .map(|w| w.path)
+        .collect();
+    assert_eq!(writes, ["/api/v1/namespaces/ml/pods/a/status"]);
+}
+
+#[tokio::test]
+async fn what_a_leader_remembered_is_forgotten_when_leadership_changes_hands() {
+    let mut world = World::start(policy(|_| {}), pod_world()).await;
+    world.pass(0).await;
+    assert!(world.reconciler.histories().contains_key("gpu-1"));
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    assert_eq!(world.metrics.gpu_nodes.get(), 2);
+    world.reconciler.reset();
+    assert!(world.reconciler.histories().is_empty());
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+    assert_eq!(world.metrics.gpu_nodes.get(), 0);
+    assert_eq!(world.metrics.tainted_nodes.get(), 0);
+    // The degradation clock starts again: not tainted at 120 s.
+    let report = world.pass(120).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    let report = world.pass(240).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dry run
 
@@ -1349,14 +1604,24 @@ fn lease_spec(fake: &Fake) -> Value {
     fake.lock().leases["gpu-guard-controller"]["spec"].clone()
 }
 
+/// `seconds` after `t0` on the local monotonic clock.
+fn mono(t0: Instant, seconds: u64) -> Instant {
+    t0 + Duration::from_secs(seconds)
+}
+
 #[tokio::test]
 async fn the_lease_is_acquired_renewed_blocked_taken_over_and_released() {
     let fake = Fake::start().await;
-    let a = lock(&fake, "replica-a");
-    let b = lock(&fake, "replica-b");
+    let mut a = lock(&fake, "replica-a");
+    let mut b = lock(&fake, "replica-b");
+    let t0 = Instant::now();
 
     // No Lease: created, held by a.
-    assert!(a.try_acquire_or_renew(at(0)).await.expect("acquire"));
+    assert!(
+        a.try_acquire_or_renew(at(0), mono(t0, 0))
+            .await
+            .expect("acquire")
+    );
     let created = fake
         .requests()
         .into_iter()
@@ -1370,26 +1635,48 @@ async fn the_lease_is_acquired_renewed_blocked_taken_over_and_released() {
                "renewTime": "2027-01-15T08:00:00.000000Z", "leaseTransitions": 0})
     );
 
-    // b is blocked while a's lease runs; a renews.
-    assert!(!b.try_acquire_or_renew(at(10)).await.expect("try"));
-    assert!(a.try_acquire_or_renew(at(10)).await.expect("renew"));
+    // b is blocked while a renews.
+    assert!(
+        !b.try_acquire_or_renew(at(10), mono(t0, 10))
+            .await
+            .expect("try")
+    );
+    assert!(
+        a.try_acquire_or_renew(at(10), mono(t0, 10))
+            .await
+            .expect("renew")
+    );
     let spec = lease_spec(&fake);
     assert_eq!(spec["holderIdentity"], "replica-a");
     assert_eq!(spec["renewTime"], "2027-01-15T08:00:10.000000Z");
     assert_eq!(spec["acquireTime"], "2027-01-15T08:00:00.000000Z");
+    // b sees the renewal at 25 s on its clock: the lease runs 15 s from then.
     assert!(
-        !b.try_acquire_or_renew(at(25))
+        !b.try_acquire_or_renew(at(25), mono(t0, 25))
+            .await
+            .expect("try")
+    );
+    assert!(
+        !b.try_acquire_or_renew(at(40), mono(t0, 40))
             .await
             .expect("try at the edge")
     );
 
-    // a stops renewing: once its lease has expired, b takes over.
-    assert!(b.try_acquire_or_renew(at(26)).await.expect("take over"));
+    // a stops renewing: once the record has not changed for the lease duration, b takes over.
+    assert!(
+        b.try_acquire_or_renew(at(41), mono(t0, 41))
+            .await
+            .expect("take over")
+    );
     let spec = lease_spec(&fake);
     assert_eq!(spec["holderIdentity"], "replica-b");
     assert_eq!(spec["leaseTransitions"], 1);
-    assert_eq!(spec["acquireTime"], "2027-01-15T08:00:26.000000Z");
-    assert!(!a.try_acquire_or_renew(at(27)).await.expect("a is out"));
+    assert_eq!(spec["acquireTime"], "2027-01-15T08:00:41.000000Z");
+    assert!(
+        !a.try_acquire_or_renew(at(42), mono(t0, 42))
+            .await
+            .expect("a is out")
+    );
     // Every update carried the resourceVersion it read.
     let puts: Vec<Logged> = fake
         .requests()
@@ -1403,18 +1690,103 @@ async fn the_lease_is_acquired_renewed_blocked_taken_over_and_released() {
     );
 
     // b releases: the holder is cleared and a gets it at once.
-    a.release(at(28))
+    a.release(at(43))
         .await
         .expect("a releases nothing it does not hold");
     assert_eq!(lease_spec(&fake)["holderIdentity"], "replica-b");
-    b.release(at(28)).await.expect("release");
+    b.release(at(43)).await.expect("release");
     assert_eq!(lease_spec(&fake).get("holderIdentity"), None);
     assert!(
-        a.try_acquire_or_renew(at(29))
+        a.try_acquire_or_renew(at(44), mono(t0, 44))
             .await
             .expect("acquire after release")
     );
     assert_eq!(lease_spec(&fake)["leaseTransitions"], 2);
+}
+
+#[tokio::test]
+async fn expiry_does_not_depend_on_the_holders_wall_clock() {
+    let fake = Fake::start().await;
+    let mut a = lock(&fake, "replica-a");
+    let mut b = lock(&fake, "replica-b");
+    let t0 = Instant::now();
+    // a's clock is 26 years behind, but a keeps renewing: b never takes over.
+    let behind = |seconds: i64| Timestamp::from_second(1_000_000_000 + seconds).expect("time");
+    for i in 0..6 {
+        assert!(
+            a.try_acquire_or_renew(behind(i * 10), mono(t0, (i * 10) as u64))
+                .await
+                .expect("renew")
+        );
+        assert!(
+            !b.try_acquire_or_renew(at(i * 10 + 5), mono(t0, (i * 10 + 5) as u64))
+                .await
+                .expect("try"),
+            "taken over at round {i}"
+        );
+    }
+    assert_eq!(lease_spec(&fake)["holderIdentity"], "replica-a");
+
+    // a's clock is 70 years ahead, and a stops renewing: b takes over after a lease duration
+    // of its own clock, although the renewTime is in the future.
+    let fake = Fake::start().await;
+    let mut a = lock(&fake, "replica-a");
+    let mut b = lock(&fake, "replica-b");
+    let ahead = Timestamp::from_second(4_000_000_000).expect("time");
+    assert!(
+        a.try_acquire_or_renew(ahead, mono(t0, 0))
+            .await
+            .expect("acquire")
+    );
+    assert!(
+        !b.try_acquire_or_renew(at(1), mono(t0, 1))
+            .await
+            .expect("try")
+    );
+    assert!(
+        !b.try_acquire_or_renew(at(16), mono(t0, 16))
+            .await
+            .expect("try")
+    );
+    assert!(
+        b.try_acquire_or_renew(at(17), mono(t0, 17))
+            .await
+            .expect("take over")
+    );
+    assert_eq!(lease_spec(&fake)["holderIdentity"], "replica-b");
+}
+
+#[tokio::test]
+async fn a_hung_renewal_stops_the_leader_within_its_deadline() {
+    let fake = Fake::start().await;
+    let lock = LeaseLock::new(
+        fake.client(),
+        "gpu-guard",
+        "gpu-guard-controller",
+        "replica-a",
+        Duration::from_millis(900),
+    );
+    let mut elector = Elector::new(lock);
+    let started = Instant::now();
+    assert!(elector.round().await);
+    let until = elector.leading_until().expect("a deadline");
+    assert!(until <= Instant::now() + Duration::from_millis(600));
+    // The API server stops answering (the request is held for a minute).
+    fake.lock().lease_delay = Some(Duration::from_secs(60));
+    let renewing = Instant::now();
+    assert!(
+        !elector.round().await,
+        "a hung renewal keeps the replica leading"
+    );
+    // The round gave up at the leader's deadline: two thirds of the lease after the last
+    // successful renewal was sent, well before another replica could take over.
+    let now = Instant::now();
+    assert!(now >= until, "gave up before the deadline");
+    assert!(
+        now < started + Duration::from_millis(900),
+        "still waiting {:?} after the renewal was sent",
+        now - renewing
+    );
 }
 
 #[tokio::test]
@@ -1442,17 +1814,33 @@ async fn a_leader_that_cannot_renew_stops_before_its_lease_expires() {
 #[tokio::test]
 async fn of_two_replicas_racing_only_one_wins() {
     let fake = Fake::start().await;
-    let a = lock(&fake, "replica-a");
-    let b = lock(&fake, "replica-b");
+    let mut a = lock(&fake, "replica-a");
+    let mut b = lock(&fake, "replica-b");
+    let now = Instant::now();
     // Both find no Lease; both create; the API server lets one create succeed.
-    let (won_a, won_b) = tokio::join!(a.try_acquire_or_renew(at(0)), b.try_acquire_or_renew(at(0)));
+    let (won_a, won_b) = tokio::join!(
+        a.try_acquire_or_renew(at(0), now),
+        b.try_acquire_or_renew(at(0), now)
+    );
     let (won_a, won_b) = (won_a.expect("a"), won_b.expect("b"));
     assert!(won_a ^ won_b, "a: {won_a}, b: {won_b}");
-    // An update from a stale read loses too (409 on the resourceVersion).
-    let holder = if won_a { &a } else { &b };
-    let other = if won_a { &b } else { &a };
-    assert!(holder.try_acquire_or_renew(at(1)).await.expect("renew"));
-    assert!(!other.try_acquire_or_renew(at(5)).await.expect("blocked"));
+    let (holder, other) = if won_a {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    assert!(
+        holder
+            .try_acquire_or_renew(at(1), now)
+            .await
+            .expect("renew")
+    );
+    assert!(
+        !other
+            .try_acquire_or_renew(at(5), now)
+            .await
+            .expect("blocked")
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,21 +4,59 @@
 //!
 //! - No Lease: create it, holding it (a 409 AlreadyExists means another replica was faster).
 //! - Held by us: renew (`renewTime = now`).
-//! - Held by another whose `renewTime + leaseDurationSeconds` has passed, or by nobody: take
-//!   it over (`leaseTransitions + 1`).
-//! - Held by another, unexpired: not the leader.
+//! - Held by nobody, or by another whose record has not changed for `leaseDurationSeconds` by
+//!   this replica's monotonic clock: take it over (`leaseTransitions + 1`).
+//! - Held by another, changed within the lease duration: not the leader.
 //!
-//! A leader that cannot renew must stop acting before its lease expires: [`Elector`] stops
-//! after two thirds of the lease duration without a renewal, on its own clock. On shutdown [`LeaseLock::release`] clears the holder so the next
-//! replica need not wait for the lease to expire.
+//! Expiry is judged like client-go does it, never by comparing the holder's wall-clock
+//! `renewTime` with ours (the clocks may be skewed): this replica remembers the record it last
+//! saw and the local [`Instant`] at which it saw it change.
+//!
+//! A leader may act until [`Elector::leading_until`]: the time its last successful renewal was
+//! *sent*, plus two thirds of the lease duration (the renew deadline). Another replica cannot
+//! take over before it has seen the record unchanged for a whole lease duration, which starts
+//! after that request was sent: the remaining third is the margin for writes in flight and for
+//! clock rate differences. Each election round is bounded by the time left until that deadline,
+//! so a hung renewal cannot keep a replica leading. On shutdown [`LeaseLock::release`] clears
+//! the holder so the next replica need not wait for the lease to expire.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
+
+/// The record of a Lease that matters for expiry: when any of it changes, the holder is alive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    holder: Option<String>,
+    renew_time: Option<Timestamp>,
+    acquire_time: Option<Timestamp>,
+    duration_seconds: Option<i32>,
+    transitions: Option<i32>,
+}
+
+impl Record {
+    fn of(spec: &LeaseSpec) -> Self {
+        Self {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew_time: spec.renew_time.as_ref().map(|t| t.0),
+            acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
+            duration_seconds: spec.lease_duration_seconds,
+            transitions: spec.lease_transitions,
+        }
+    }
+}
+
+/// The record last seen, and when (local monotonic clock) it was last seen to change.
+#[derive(Clone, Debug)]
+struct Observed {
+    record: Record,
+    changed_at: Instant,
+}
 
 /// A Lease this replica competes for.
 #[derive(Clone)]
@@ -27,9 +65,12 @@ pub struct LeaseLock {
     name: String,
     identity: String,
     duration: Duration,
+    observed: Option<Observed>,
 }
 
 impl LeaseLock {
+    /// `client` should have read and write timeouts and no retries of its own
+    /// ([`super::write_config`]): the election bounds each round itself.
     pub fn new(
         client: Client,
         namespace: &str,
@@ -42,6 +83,7 @@ impl LeaseLock {
             name: name.to_owned(),
             identity: identity.to_owned(),
             duration,
+            observed: None,
         }
     }
 
@@ -49,12 +91,36 @@ impl LeaseLock {
         &self.identity
     }
 
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
     fn duration_seconds(&self) -> i32 {
         i32::try_from(self.duration.as_secs().max(1)).unwrap_or(i32::MAX)
     }
 
-    /// Acquires or renews the Lease at `now`. `Ok(true)`: this replica holds it.
-    pub async fn try_acquire_or_renew(&self, now: Timestamp) -> Result<bool, kube::Error> {
+    /// Remembers `record` as seen at `seen_at`; the change time moves only when it changed.
+    fn observe(&mut self, record: Record, seen_at: Instant) -> Instant {
+        match &self.observed {
+            Some(observed) if observed.record == record => observed.changed_at,
+            _ => {
+                self.observed = Some(Observed {
+                    record,
+                    changed_at: seen_at,
+                });
+                seen_at
+            }
+        }
+    }
+
+    /// Acquires or renews the Lease, writing `now` (wall clock) as its times; `seen_at` is the
+    /// local monotonic time of this attempt, by which another holder's expiry is judged.
+    /// `Ok(true)`: this replica holds it.
+    pub async fn try_acquire_or_renew(
+        &mut self,
+        now: Timestamp,
+        seen_at: Instant,
+    ) -> Result<bool, kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -71,22 +137,32 @@ impl LeaseLock {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
+                Ok(created) => {
+                    self.remember(&created, seen_at);
+                    Ok(true)
+                }
                 Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
                 Err(error) => Err(error),
             };
         };
+        let duration_seconds = self.duration_seconds();
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let record = Record::of(spec);
+        let holder = record.holder.clone();
+        let lease_duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.duration, Duration::from_secs);
+        let changed_at = self.observe(record, seen_at);
         if holder.as_deref() == Some(self.identity.as_str()) {
             spec.renew_time = Some(MicroTime(now));
-            spec.lease_duration_seconds = Some(self.duration_seconds());
-        } else if holder.is_none() || expired(spec, now) {
+            spec.lease_duration_seconds = Some(duration_seconds);
+        } else if holder.is_none() || expired(changed_at, lease_duration, seen_at) {
             spec.holder_identity = Some(self.identity.clone());
             spec.acquire_time = Some(MicroTime(now));
             spec.renew_time = Some(MicroTime(now));
-            spec.lease_duration_seconds = Some(self.duration_seconds());
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            spec.lease_duration_seconds = Some(duration_seconds);
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
         } else {
             return Ok(false);
         }
@@ -96,9 +172,18 @@ impl LeaseLock {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(written) => {
+                self.remember(&written, seen_at);
+                Ok(true)
+            }
             Err(kube::Error::Api(status)) if status.is_conflict() => Ok(false),
             Err(error) => Err(error),
+        }
+    }
+
+    fn remember(&mut self, lease: &Lease, seen_at: Instant) {
+        if let Some(spec) = &lease.spec {
+            self.observe(Record::of(spec), seen_at);
         }
     }
 
@@ -122,26 +207,74 @@ impl LeaseLock {
     }
 }
 
-/// Whether the holder's lease has run out at `now` (a Lease without renewTime or duration has).
-pub fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
-    let (Some(renewed), Some(seconds)) = (&spec.renew_time, spec.lease_duration_seconds) else {
-        return true;
-    };
-    renewed.0 + SignedDuration::from_secs(i64::from(seconds)) < now
+/// Whether a holder whose record was last seen to change at `changed_at` has let its lease of
+/// `duration` run out at `now` (all on this replica's monotonic clock).
+pub fn expired(changed_at: Instant, duration: Duration, now: Instant) -> bool {
+    changed_at
+        .checked_add(duration)
+        .is_some_and(|until| until < now)
 }
 
-/// Runs the election: tries every `retry`, and tells whether this replica may act. A leader
-/// whose renewals fail for longer than the lease duration loses its leadership.
+/// Until when this replica may act, shared by the election (which extends it on each renewal)
+/// and the reconciler (which checks it before every write). `None`: not leading.
+#[derive(Clone, Debug, Default)]
+pub struct Leadership(Arc<Mutex<Term>>);
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Term {
+    until: Option<Instant>,
+    /// Counts the times leadership was gained (a deadline set when none was running).
+    number: u64,
+}
+
+impl Leadership {
+    fn inner(&self) -> std::sync::MutexGuard<'_, Term> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn set(&self, until: Option<Instant>) {
+        let mut term = self.inner();
+        let running = term.until.is_some_and(|until| Instant::now() < until);
+        if until.is_some() && !running {
+            term.number = term.number.wrapping_add(1);
+        }
+        term.until = until;
+    }
+
+    pub fn until(&self) -> Option<Instant> {
+        self.inner().until
+    }
+
+    /// Which term of leadership this is: it changes each time leadership is gained, so that a
+    /// loss and a gain between two looks are not missed.
+    pub fn term(&self) -> u64 {
+        self.inner().number
+    }
+
+    /// Whether this replica may still act at `now`.
+    pub fn leads_at(&self, now: Instant) -> bool {
+        self.until().is_some_and(|until| now < until)
+    }
+
+    pub fn leads(&self) -> bool {
+        self.leads_at(Instant::now())
+    }
+}
+
+/// Runs the election: one [`Elector::round`] every retry period tells whether this replica may
+/// act, and until when.
 pub struct Elector {
     lock: LeaseLock,
-    last_renewed: Option<std::time::Instant>,
+    leading_until: Option<Instant>,
 }
 
 impl Elector {
     pub fn new(lock: LeaseLock) -> Self {
         Self {
             lock,
-            last_renewed: None,
+            leading_until: None,
         }
     }
 
@@ -149,28 +282,44 @@ impl Elector {
         &self.lock
     }
 
-    /// One round of the election: whether this replica leads now.
+    /// Two thirds of the lease duration: how long a leader may act after sending a renewal
+    /// that succeeded.
+    pub fn renew_deadline(&self) -> Duration {
+        self.lock.duration * 2 / 3
+    }
+
+    /// Until when this replica may act (`None`, or a time past: it may not).
+    pub fn leading_until(&self) -> Option<Instant> {
+        self.leading_until
+    }
+
+    /// One round of the election: whether this replica leads now. The round is bounded by the
+    /// time left until [`Self::leading_until`] (a replica not leading: by the renew deadline),
+    /// so a hung or throttled renewal cannot keep it leading.
     pub async fn round(&mut self) -> bool {
-        // Measured from before the request, like the renewTime written.
-        let started = std::time::Instant::now();
-        match self.lock.try_acquire_or_renew(Timestamp::now()).await {
-            Ok(true) => {
-                self.last_renewed = Some(started);
-                true
-            }
-            Ok(false) => {
-                self.last_renewed = None;
-                false
-            }
-            Err(error) => {
+        // Measured from before the request is sent, like the renewTime written.
+        let sent = Instant::now();
+        let budget = match self.leading_until {
+            Some(until) if until > sent => until - sent,
+            _ => self.renew_deadline(),
+        };
+        let attempt = self.lock.try_acquire_or_renew(Timestamp::now(), sent);
+        match tokio::time::timeout(budget, attempt).await {
+            Ok(Ok(true)) => self.leading_until = sent.checked_add(self.renew_deadline()),
+            Ok(Ok(false)) => self.leading_until = None,
+            Ok(Err(error)) => {
+                // Keep the deadline of the last renewal: it runs out by itself.
                 tracing::warn!(%error, "cannot read or renew the leader Lease");
-                // Keep leading for two thirds of the lease this replica renewed last (like
-                // client-go's renew deadline): it stops well before another replica may take
-                // the expired lease over.
-                self.last_renewed
-                    .is_some_and(|at| at.elapsed() < self.lock.duration * 2 / 3)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    timeout = ?budget,
+                    "reading or renewing the leader Lease timed out"
+                );
             }
         }
+        self.leading_until
+            .is_some_and(|until| Instant::now() < until)
     }
 }
 
@@ -179,16 +328,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn expiry() {
-        let at = |s| Timestamp::from_second(1_800_000_000 + s).unwrap();
-        let spec = |renew: Option<i64>, duration: Option<i32>| LeaseSpec {
-            renew_time: renew.map(|s| MicroTime(at(s))),
-            lease_duration_seconds: duration,
-            ..LeaseSpec::default()
-        };
-        assert!(!expired(&spec(Some(0), Some(15)), at(15)));
-        assert!(expired(&spec(Some(0), Some(15)), at(16)));
-        assert!(expired(&spec(None, Some(15)), at(0)));
-        assert!(expired(&spec(Some(0), None), at(0)));
+    fn expiry_is_judged_on_the_local_monotonic_clock() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(15);
+        assert!(!expired(t0, lease, t0));
+        assert!(!expired(t0, lease, t0 + lease));
+        assert!(expired(t0, lease, t0 + lease + Duration::from_millis(1)));
+        // A duration that overflows the clock never expires (and never panics).
+        assert!(!expired(t0, Duration::MAX, t0 + lease));
+    }
+
+    #[test]
+    fn leadership_runs_out_by_itself() {
+        let leadership = Leadership::default();
+        let now = Instant::now();
+        assert!(!leadership.leads_at(now));
+        leadership.set(Some(now + Duration::from_secs(1)));
+        assert!(leadership.leads_at(now));
+        assert!(!leadership.leads_at(now + Duration::from_secs(1)));
+        let first = leadership.term();
+        leadership.set(Some(Instant::now() + Duration::from_secs(5)));
+        assert_eq!(leadership.term(), first, "a renewal is the same term");
+        leadership.set(None);
+        assert!(!leadership.leads_at(now));
+        leadership.set(Some(Instant::now() + Duration::from_secs(5)));
+        assert_eq!(leadership.term(), first + 1, "gained again: a new term");
     }
 }

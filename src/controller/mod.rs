@@ -26,6 +26,23 @@ pub const ADMIN_PORT: u16 = 8081;
 /// The default Lease name.
 pub const LEASE_NAME: &str = "gpu-guard-controller";
 
+/// The read and write timeout of the clients that write (Lease, taints, pod conditions,
+/// evictions, Events): a request the API server does not answer fails instead of hanging.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The configuration of the clients that write: [`WRITE_TIMEOUT`] for reading the answer and
+/// for sending, the read timeout counted from when the request is sent, and no retries of
+/// kube's own (429/503/504 would be retried up to 15 times with growing delays, past the
+/// leader's deadline; the controller retries on its next pass). The watches keep a client
+/// without read timeout (a watch is a long-lived response).
+pub fn write_config(mut config: kube::Config) -> kube::Config {
+    config.read_timeout = Some(WRITE_TIMEOUT);
+    config.write_timeout = Some(WRITE_TIMEOUT);
+    config.reset_reader_on_write = true;
+    config.default_retry = false;
+    config
+}
+
 /// What the controller reads and writes, as RBAC rules of its ClusterRole:
 /// `(API group, resource, verbs)`, in the shape of [`crate::cluster::RBAC_RULES`]. Why each:
 /// - nodes get/list/watch/patch: judge nodes; add and remove the taint (a merge patch);
@@ -77,6 +94,15 @@ pub const DOWNWARD_API_ENV: [(&str, &str); 2] = [
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn the_writing_clients_time_out_and_do_not_retry() {
+        let config = write_config(kube::Config::new("http://127.0.0.1:1".parse().unwrap()));
+        assert_eq!(config.read_timeout, Some(WRITE_TIMEOUT));
+        assert_eq!(config.write_timeout, Some(WRITE_TIMEOUT));
+        assert!(config.reset_reader_on_write);
+        assert!(!config.default_retry);
+    }
 
     #[test]
     fn the_deployment_args_parse() {

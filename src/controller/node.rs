@@ -17,9 +17,11 @@ use crate::policy::Policy;
 
 /// The key of the taint gpu-guard puts on degraded nodes.
 pub const TAINT_KEY: &str = "gpu-guard.io/device-degraded";
-/// The node annotation that marks the taint as gpu-guard's own (value: the RFC 3339 time it
-/// was added). A `gpu-guard.io/device-degraded` taint without it was put there by someone else,
-/// and gpu-guard never removes it.
+/// The node annotation that marks the taint as gpu-guard's own. Its value records the time the
+/// taint was added and the exact taint, `<RFC 3339 time>;<value>:<effect>`
+/// (`2027-01-15T08:02:00Z;nvidia.com_gpu:NoSchedule`). A `gpu-guard.io/device-degraded` taint
+/// is gpu-guard's only when its value and effect are those recorded; any other taint with the
+/// key was put there by someone else, and gpu-guard never removes it.
 pub const OWNER_ANNOTATION: &str = "gpu-guard.io/device-degraded-since";
 
 /// One device resource of a node, as its status reports it.
@@ -145,7 +147,7 @@ pub fn node_verdict(
             })
             .unwrap_or(now);
         next.degraded_since = Some(since);
-        let taint_at = since + seconds(health.degraded_for_seconds);
+        let taint_at = later(since, health.degraded_for_seconds);
         if owned {
             Decision::Tainted
         } else if now >= taint_at {
@@ -156,7 +158,7 @@ pub fn node_verdict(
     } else if owned {
         let since = history.healthy_since.unwrap_or(now);
         next.healthy_since = Some(since);
-        let untaint_at = since + seconds(health.healthy_for_seconds);
+        let untaint_at = later(since, health.healthy_for_seconds);
         if now >= untaint_at {
             Decision::Untaint
         } else {
@@ -175,8 +177,13 @@ pub fn node_verdict(
     }
 }
 
-fn seconds(value: u64) -> SignedDuration {
-    SignedDuration::from_secs(i64::try_from(value).unwrap_or(i64::MAX / 2))
+/// `seconds` after `since`, saturating at the end of time (never a panic: an owner annotation
+/// near year 9999 or a huge setting must not kill the loop).
+pub fn later(since: Timestamp, seconds: u64) -> Timestamp {
+    i64::try_from(seconds)
+        .ok()
+        .and_then(|seconds| since.checked_add(SignedDuration::from_secs(seconds)).ok())
+        .unwrap_or(Timestamp::MAX)
 }
 
 /// Whether one resource's unusable devices reach the policy's threshold.
@@ -190,7 +197,8 @@ pub fn threshold_reached(device: &DeviceCount, policy: &Policy) -> bool {
         .count
         .is_some_and(|count| unusable >= u64::from(count));
     let by_percent = threshold.percent.is_some_and(|percent| {
-        device.capacity > 0 && unusable * 100 >= u64::from(percent) * device.capacity
+        device.capacity > 0
+            && u128::from(unusable) * 100 >= u128::from(percent) * u128::from(device.capacity)
     });
     by_count || by_percent
 }
@@ -232,14 +240,67 @@ pub fn parse_count(quantity: &str) -> Option<u64> {
     digits.parse::<u64>().ok()?.checked_mul(factor)
 }
 
-/// When gpu-guard tainted the node, from its owner annotation.
+/// What the owner annotation records: when gpu-guard added its taint, and which taint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerRecord {
+    pub since: Timestamp,
+    pub value: String,
+    pub effect: String,
+}
+
+impl OwnerRecord {
+    /// The annotation value: `<RFC 3339 time>;<value>:<effect>`.
+    pub fn annotation(taint: &Taint, since: Timestamp) -> String {
+        format!(
+            "{since};{}:{}",
+            taint.value.as_deref().unwrap_or_default(),
+            taint.effect
+        )
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let (since, taint) = text.split_once(';')?;
+        let (value, effect) = taint.rsplit_once(':')?;
+        Some(Self {
+            since: since.parse().ok()?,
+            value: value.to_owned(),
+            effect: effect.to_owned(),
+        })
+    }
+
+    /// Whether `taint` is exactly the one recorded (key, value and effect).
+    pub fn matches(&self, taint: &Taint) -> bool {
+        taint.key == TAINT_KEY
+            && taint.value.as_deref().unwrap_or_default() == self.value
+            && taint.effect == self.effect
+    }
+}
+
+fn annotation(node: &Node) -> Option<&String> {
+    node.metadata.annotations.as_ref()?.get(OWNER_ANNOTATION)
+}
+
+/// The node's owner annotation, if it has one that parses.
+pub fn owner_record(node: &Node) -> Option<OwnerRecord> {
+    OwnerRecord::parse(annotation(node)?)
+}
+
+/// gpu-guard's own taint on the node: the one its owner annotation records.
+fn our_taint(node: &Node) -> Option<&Taint> {
+    let record = owner_record(node)?;
+    taints(node).iter().find(|taint| record.matches(taint))
+}
+
+/// When gpu-guard tainted the node, from its owner annotation (only while its taint is there).
 pub fn tainted_since(node: &Node) -> Option<Timestamp> {
-    node.metadata
-        .annotations
-        .as_ref()?
-        .get(OWNER_ANNOTATION)?
-        .parse()
-        .ok()
+    our_taint(node)?;
+    owner_record(node).map(|record| record.since)
+}
+
+/// Whether the node carries the owner annotation without the taint it records (someone removed
+/// the taint, or the annotation does not parse): the annotation is to be removed, alone.
+pub fn stale_annotation(node: &Node) -> bool {
+    annotation(node).is_some() && our_taint(node).is_none()
 }
 
 /// Who owns the node's `gpu-guard.io/device-degraded` taint, if it has one.
@@ -250,19 +311,15 @@ pub enum Ownership {
     Foreign,
 }
 
-/// Whether the node carries gpu-guard's taint (taint and owner annotation), someone else's
-/// taint with that key, or none.
+/// Whether the node carries gpu-guard's taint (the exact taint its owner annotation records),
+/// someone else's taint with that key, or none.
 pub fn ownership(node: &Node) -> Ownership {
-    let tainted = taints(node).iter().any(|taint| taint.key == TAINT_KEY);
-    let annotated = node
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|annotations| annotations.contains_key(OWNER_ANNOTATION));
-    match (tainted, annotated) {
-        (false, _) => Ownership::None,
-        (true, true) => Ownership::Ours,
-        (true, false) => Ownership::Foreign,
+    if our_taint(node).is_some() {
+        Ownership::Ours
+    } else if taints(node).iter().any(|taint| taint.key == TAINT_KEY) {
+        Ownership::Foreign
+    } else {
+        Ownership::None
     }
 }
 
@@ -308,27 +365,25 @@ pub fn degraded_taint(resource: &str, no_execute: bool) -> Taint {
 /// the node's `resourceVersion`, so that a concurrent change of the node makes the API server
 /// answer 409 Conflict instead of losing the other writer's taints.
 pub fn add_taint_patch(node: &Node, taint: &Taint, now: Timestamp) -> Value {
-    let mut list: Vec<Taint> = taints(node)
-        .iter()
-        .filter(|existing| existing.key != TAINT_KEY)
-        .cloned()
-        .collect();
+    let mut list: Vec<Taint> = taints(node).to_vec();
     list.push(taint.clone());
     json!({
         "metadata": {
             "resourceVersion": node.metadata.resource_version,
-            "annotations": {OWNER_ANNOTATION: now.to_string()},
+            "annotations": {OWNER_ANNOTATION: OwnerRecord::annotation(taint, now)},
         },
         "spec": {"taints": list},
     })
 }
 
-/// The JSON merge patch that removes gpu-guard's taint (and only it) and its owner annotation,
+/// The JSON merge patch that removes gpu-guard's taint (exactly the one its owner annotation
+/// records: another taint with the same key, someone else's, stays) and its owner annotation,
 /// with the node's `resourceVersion` (see [`add_taint_patch`]).
 pub fn remove_taint_patch(node: &Node) -> Value {
+    let record = owner_record(node);
     let list: Vec<&Taint> = taints(node)
         .iter()
-        .filter(|existing| existing.key != TAINT_KEY)
+        .filter(|existing| !record.as_ref().is_some_and(|r| r.matches(existing)))
         .collect();
     json!({
         "metadata": {
@@ -339,17 +394,24 @@ pub fn remove_taint_patch(node: &Node) -> Value {
     })
 }
 
+/// The JSON merge patch that removes only a stale owner annotation (see [`stale_annotation`]),
+/// with the node's `resourceVersion`.
+pub fn clear_annotation_patch(node: &Node) -> Value {
+    json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {OWNER_ANNOTATION: null},
+        },
+    })
+}
+
 /// The device resources gpu-guard's taint on the node stands for: those of the node whose
 /// [`taint_value`] is the taint's value. Empty when the node carries no taint of gpu-guard's.
 pub fn tainted_resources(node: &Node, policy: &Policy) -> Vec<String> {
-    if ownership(node) != Ownership::Ours {
+    let Some(taint) = our_taint(node) else {
         return Vec::new();
-    }
-    let values: Vec<&str> = taints(node)
-        .iter()
-        .filter(|taint| taint.key == TAINT_KEY)
-        .filter_map(|taint| taint.value.as_deref())
-        .collect();
+    };
+    let values: Vec<&str> = taint.value.as_deref().into_iter().collect();
     let resources: BTreeMap<&String, ()> = node
         .status
         .iter()
@@ -365,11 +427,12 @@ pub fn tainted_resources(node: &Node, policy: &Policy) -> Vec<String> {
 /// of the GPU nodes, rounded down, but at least one (a small cluster must still be protected);
 /// none when the percentage is 0.
 pub fn taint_limit(gpu_nodes: usize, policy: &Policy) -> usize {
-    let percent = policy.controller.node_health.max_tainted_percent as usize;
+    let percent = u128::from(policy.controller.node_health.max_tainted_percent);
     if percent == 0 {
         return 0;
     }
-    (gpu_nodes * percent / 100).max(1)
+    let limit = (gpu_nodes as u128).saturating_mul(percent) / 100;
+    usize::try_from(limit).unwrap_or(usize::MAX).max(1)
 }
 
 /// Whether one more node may be tainted while `tainted` of `gpu_nodes` are.
@@ -397,6 +460,15 @@ mod tests {
         )
     }
 
+    fn node_status(capacity: Option<&str>, allocatable: Option<&str>) -> Option<NodeStatus> {
+        Some(NodeStatus {
+            capacity: capacity.and_then(|c| quantities(&[("cpu", "64"), ("nvidia.com/gpu", c)])),
+            allocatable: allocatable
+                .and_then(|a| quantities(&[("cpu", "63"), ("nvidia.com/gpu", a)])),
+            ..NodeStatus::default()
+        })
+    }
+
     /// A node with `capacity`/`allocatable` GPUs (None: the field is missing).
     fn node(capacity: Option<&str>, allocatable: Option<&str>) -> Node {
         Node {
@@ -406,13 +478,7 @@ mod tests {
                 ..ObjectMeta::default()
             },
             spec: Some(NodeSpec::default()),
-            status: Some(NodeStatus {
-                capacity: capacity
-                    .and_then(|c| quantities(&[("cpu", "64"), ("nvidia.com/gpu", c)])),
-                allocatable: allocatable
-                    .and_then(|a| quantities(&[("cpu", "63"), ("nvidia.com/gpu", a)])),
-                ..NodeStatus::default()
-            }),
+            status: node_status(capacity, allocatable),
         }
     }
 
@@ -424,9 +490,22 @@ mod tests {
             .push(taint);
         if ours {
             node.metadata.annotations = Some(
-                [(OWNER_ANNOTATION.to_owned(), at(0).to_string())]
-                    .into_iter()
-                    .collect(),
+                [(
+                    OWNER_ANNOTATION.to_owned(),
+                    OwnerRecord::annotation(
+                        node.spec
+                            .as_ref()
+                            .unwrap()
+                            .taints
+                            .as_ref()
+                            .unwrap()
+                            .last()
+                            .unwrap(),
+                        at(0),
+                    ),
+                )]
+                .into_iter()
+                .collect(),
             );
         }
         node
@@ -836,7 +915,7 @@ mod tests {
             json!({
                 "metadata": {
                     "resourceVersion": "7",
-                    "annotations": {OWNER_ANNOTATION: "2027-01-15T08:00:00Z"},
+                    "annotations": {OWNER_ANNOTATION: "2027-01-15T08:00:00Z;nvidia.com_gpu:NoSchedule"},
                 },
                 "spec": {"taints": [
                     {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
@@ -870,5 +949,121 @@ mod tests {
         assert!(tainted_resources(&degraded, &policy()).is_empty());
         let foreign = with_taint(degraded, degraded_taint("nvidia.com/gpu", false), false);
         assert!(tainted_resources(&foreign, &policy()).is_empty());
+    }
+
+    fn annotated(mut node: Node, value: &str) -> Node {
+        node.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(OWNER_ANNOTATION.to_owned(), value.to_owned());
+        node
+    }
+
+    #[test]
+    fn a_taint_is_ours_only_when_it_is_exactly_the_one_recorded() {
+        let degraded = node(Some("8"), Some("7"));
+        let recorded = "2027-01-15T08:00:00Z;nvidia.com_gpu:NoSchedule";
+        let mut manual = degraded_taint("nvidia.com/gpu", true);
+        manual.value = Some("by-hand".to_owned());
+        // The annotation alone (the taint removed by hand): stale, no taint of ours.
+        let stale = annotated(degraded.clone(), recorded);
+        assert_eq!(ownership(&stale), Ownership::None);
+        assert!(stale_annotation(&stale));
+        assert_eq!(tainted_since(&stale), None);
+        assert_eq!(
+            clear_annotation_patch(&stale),
+            json!({"metadata": {"resourceVersion": "7", "annotations": {OWNER_ANNOTATION: null}}})
+        );
+        // A later manual taint with the key but another value or effect: someone else's.
+        let foreign = with_taint(stale.clone(), manual.clone(), false);
+        assert_eq!(ownership(&foreign), Ownership::Foreign);
+        assert!(stale_annotation(&foreign));
+        let mut other_effect = degraded_taint("nvidia.com/gpu", true);
+        other_effect.effect = "NoExecute".to_owned();
+        assert_eq!(
+            ownership(&with_taint(stale.clone(), other_effect, false)),
+            Ownership::Foreign
+        );
+        // An annotation that does not parse (the old format) owns nothing.
+        let old = with_taint(
+            annotated(degraded.clone(), "2027-01-15T08:00:00Z"),
+            degraded_taint("nvidia.com/gpu", false),
+            false,
+        );
+        assert_eq!(ownership(&old), Ownership::Foreign);
+        assert!(stale_annotation(&old));
+        // Ours next to someone's NoExecute taint with the same key: only ours is removed.
+        let both = with_taint(
+            with_taint(
+                degraded.clone(),
+                degraded_taint("nvidia.com/gpu", false),
+                false,
+            ),
+            manual.clone(),
+            false,
+        );
+        let both = annotated(both, recorded);
+        assert_eq!(ownership(&both), Ownership::Ours);
+        assert!(!stale_annotation(&both));
+        assert_eq!(tainted_since(&both), Some(at(0)));
+        assert_eq!(
+            remove_taint_patch(&both)["spec"]["taints"],
+            json!([{"key": TAINT_KEY, "value": "by-hand", "effect": "NoExecute"}])
+        );
+    }
+
+    #[test]
+    fn time_arithmetic_never_overflows() {
+        let mut policy = policy();
+        policy.controller.node_health.degraded_for_seconds = u64::MAX;
+        policy.controller.node_health.healthy_for_seconds = u64::MAX / 2;
+        let degraded = node(Some("8"), Some("7"));
+        let verdict = node_verdict(&degraded, &policy, at(0), &NodeHistory::default());
+        assert_eq!(
+            verdict.decision,
+            Decision::Degrading {
+                taint_at: Timestamp::MAX
+            }
+        );
+        // An owner annotation near the end of time (year 9999).
+        let mut end = with_taint(degraded, degraded_taint("nvidia.com/gpu", false), false);
+        end = annotated(
+            end,
+            &format!("{};nvidia.com_gpu:NoSchedule", Timestamp::MAX),
+        );
+        let healthy = {
+            let mut node = end.clone();
+            node.status = node_status(Some("8"), Some("8"));
+            node
+        };
+        let since_end = NodeHistory {
+            healthy_since: Some(Timestamp::MAX),
+            ..NodeHistory::default()
+        };
+        let verdict = node_verdict(&healthy, &policy, Timestamp::MAX, &since_end);
+        // `healthy_since + healthyForSeconds` saturates at the end of time: no panic.
+        assert_eq!(verdict.decision, Decision::Untaint);
+        let verdict = node_verdict(&healthy, &policy, at(0), &since_end);
+        assert_eq!(
+            verdict.decision,
+            Decision::Recovering {
+                untaint_at: Timestamp::MAX
+            }
+        );
+        let verdict = node_verdict(&end, &policy, at(0), &NodeHistory::default());
+        assert_eq!(verdict.decision, Decision::Tainted);
+        assert_eq!(later(Timestamp::MAX, 1), Timestamp::MAX);
+        assert_eq!(later(at(0), 60), at(60));
+        // Percentages of huge counts.
+        policy.controller.node_health.unusable_devices.percent = Some(50);
+        policy.controller.node_health.unusable_devices.count = None;
+        let huge = DeviceCount {
+            resource: "nvidia.com/gpu".to_owned(),
+            capacity: u64::MAX,
+            allocatable: 0,
+        };
+        assert!(threshold_reached(&huge, &policy));
+        policy.controller.node_health.max_tainted_percent = 100;
+        assert_eq!(taint_limit(usize::MAX, &policy), usize::MAX);
     }
 }

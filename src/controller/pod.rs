@@ -86,16 +86,20 @@ pub enum Action {
 }
 
 /// Judges one pod. `node_state` is its node's (None: unknown or not scheduled).
+///
+/// A pod whose device the kubelet reports `Unhealthy` is a device user whatever it requests
+/// (a DRA-only pod requests no device resource). A pod is evicted only if something recreates
+/// it elsewhere: never a pod without a controller ownerReference (it would be lost), nor a
+/// DaemonSet's pod (recreated on the same node, evicted again), nor, for its node's
+/// degradation, a pod that tolerates gpu-guard's taint (the scheduler would put it back). Such
+/// pods are still marked.
 pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -> Action {
-    let uses = device_resources(pod, policy);
-    if uses.is_empty() {
-        return Action::Nothing;
-    }
     let status = pod.status.as_ref();
     let phase = status.and_then(|status| status.phase.as_deref());
     if phase == Some("Succeeded") {
         return Action::Nothing;
     }
+    let uses = device_resources(pod, policy);
     let Some(cause) = unhealthy_device(pod, policy).or_else(|| {
         let node = pod.spec.as_ref()?.node_name.clone()?;
         let resource = uses
@@ -111,12 +115,54 @@ pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -
     let settings = &policy.controller.pods;
     let mark = settings.mark_pods && !is_marked(pod);
     let running = matches!(phase, None | Some("Pending" | "Running"));
-    let evict = settings.evict_pods && running && pod.metadata.deletion_timestamp.is_none();
+    let tolerated = matches!(&cause, Cause::NodeDegraded { resource, .. }
+        if tolerates(pod, &super::node::degraded_taint(resource, policy.controller.node_health.no_execute)));
+    let evict = settings.evict_pods
+        && running
+        && pod.metadata.deletion_timestamp.is_none()
+        && recreated_elsewhere(pod)
+        && !tolerated;
     if mark || evict {
         Action::Act { cause, mark, evict }
     } else {
         Action::Nothing
     }
+}
+
+/// Whether the pod has a controller ownerReference that is not a DaemonSet: something that
+/// recreates it, on another node.
+pub fn recreated_elsewhere(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true))
+        .is_some_and(|owner| owner.kind != "DaemonSet")
+}
+
+/// Whether one of the pod's tolerations tolerates `taint` (as the scheduler matches them: an
+/// empty key with `Exists` matches every key; an empty effect matches every effect).
+pub fn tolerates(pod: &Pod, taint: &k8s_openapi::api::core::v1::Taint) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.tolerations.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|toleration| {
+            let effect = toleration.effect.as_deref().unwrap_or_default();
+            if !effect.is_empty() && effect != taint.effect {
+                return false;
+            }
+            let key = toleration.key.as_deref().unwrap_or_default();
+            let exists = toleration.operator.as_deref() == Some("Exists");
+            if key.is_empty() {
+                return exists;
+            }
+            key == taint.key
+                && (exists
+                    || toleration.value.as_deref().unwrap_or_default()
+                        == taint.value.as_deref().unwrap_or_default())
+        })
 }
 
 /// Whether the pod already has `gpu-guard.io/DeviceFailure=True`.
@@ -218,13 +264,14 @@ mod tests {
         PodSpec, PodStatus, ResourceHealth, ResourceRequirements, ResourceStatus,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
     fn pod(resource: Option<&str>, phase: &str) -> Pod {
         Pod {
             metadata: ObjectMeta {
                 name: Some("train-0".to_owned()),
                 namespace: Some("ml".to_owned()),
+                owner_references: Some(vec![owner("Job")]),
                 ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
@@ -265,6 +312,17 @@ mod tests {
             ..ContainerStatus::default()
         }]);
         pod
+    }
+
+    fn owner(kind: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "batch/v1".to_owned(),
+            kind: kind.to_owned(),
+            name: "train".to_owned(),
+            uid: "uid-train".to_owned(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }
     }
 
     fn marked(mut pod: Pod, status: &str) -> Pod {
@@ -554,6 +612,149 @@ mod tests {
             node_degraded().message(),
             "node gpu-1 is tainted gpu-guard.io/device-degraded=nvidia.com_gpu by gpu-guard: its \
              nvidia.com/gpu devices are degraded; gpu-guard marks the pod so its failure is retried"
+        );
+    }
+
+    #[test]
+    fn a_dra_only_pod_reported_unhealthy_is_marked_and_evicted() {
+        // It requests no device resource: only a DRA claim, whose device the kubelet reports.
+        let dra = health(
+            pod(None, "Running"),
+            "claim:gpu-claim/gpu",
+            &[("gpu-0", "Unhealthy")],
+        );
+        let mut policy = Policy::default();
+        policy.controller.pods.evict_pods = true;
+        assert_eq!(
+            pod_verdict(&dra, None, &policy),
+            act(
+                Cause::UnhealthyDevice {
+                    container: "trainer".to_owned(),
+                    resource: "claim:gpu-claim/gpu".to_owned(),
+                    device_ids: vec!["gpu-0".to_owned()],
+                },
+                true,
+                true
+            )
+        );
+        // Healthy, or on a degraded node it does not use a device resource of: nothing.
+        let fine = health(
+            pod(None, "Running"),
+            "claim:gpu-claim/gpu",
+            &[("gpu-0", "Healthy")],
+        );
+        assert_eq!(
+            pod_verdict(&fine, Some(&degraded("nvidia.com/gpu")), &policy),
+            Action::Nothing
+        );
+    }
+
+    #[test]
+    fn pods_nothing_recreates_elsewhere_or_that_tolerate_the_taint_are_marked_not_evicted() {
+        let mut policy = Policy::default();
+        policy.controller.pods.evict_pods = true;
+        let gpu = Some("nvidia.com/gpu");
+        let tainted = degraded("nvidia.com/gpu");
+        let sick = || {
+            health(
+                pod(gpu, "Running"),
+                "nvidia.com/gpu",
+                &[("GPU-b", "Unhealthy")],
+            )
+        };
+        let on_node = |edit: &dyn Fn(&mut Pod)| {
+            let mut pod = pod(gpu, "Running");
+            edit(&mut pod);
+            pod_verdict(&pod, Some(&tainted), &policy)
+        };
+        assert_eq!(on_node(&|_| {}), act(node_degraded(), true, true));
+        // No controller: it would not be recreated.
+        assert_eq!(
+            on_node(&|pod| pod.metadata.owner_references = None),
+            act(node_degraded(), true, false)
+        );
+        assert_eq!(
+            on_node(&|pod| pod.metadata.owner_references.as_mut().unwrap()[0].controller = None),
+            act(node_degraded(), true, false)
+        );
+        // A DaemonSet's pod comes back on the same node.
+        assert_eq!(
+            on_node(&|pod| pod.metadata.owner_references = Some(vec![owner("DaemonSet")])),
+            act(node_degraded(), true, false)
+        );
+        let mut bare = sick();
+        bare.metadata.owner_references = None;
+        assert_eq!(
+            pod_verdict(&bare, None, &policy),
+            act(unhealthy(&["GPU-b"]), true, false)
+        );
+        // Tolerating the taint: the scheduler would put it back on the node.
+        let toleration =
+            |key: Option<&str>, operator: &str, value: Option<&str>, effect: Option<&str>| {
+                k8s_openapi::api::core::v1::Toleration {
+                    key: key.map(str::to_owned),
+                    operator: Some(operator.to_owned()),
+                    value: value.map(str::to_owned),
+                    effect: effect.map(str::to_owned),
+                    toleration_seconds: None,
+                }
+            };
+        for (tolerations, tolerated) in [
+            (
+                vec![toleration(
+                    Some(super::super::node::TAINT_KEY),
+                    "Exists",
+                    None,
+                    None,
+                )],
+                true,
+            ),
+            (vec![toleration(None, "Exists", None, None)], true),
+            (
+                vec![toleration(
+                    Some(super::super::node::TAINT_KEY),
+                    "Equal",
+                    Some("nvidia.com_gpu"),
+                    Some("NoSchedule"),
+                )],
+                true,
+            ),
+            (
+                vec![toleration(
+                    Some(super::super::node::TAINT_KEY),
+                    "Equal",
+                    Some("amd.com_gpu"),
+                    None,
+                )],
+                false,
+            ),
+            (
+                vec![toleration(
+                    Some(super::super::node::TAINT_KEY),
+                    "Exists",
+                    None,
+                    Some("NoExecute"),
+                )],
+                false,
+            ),
+            (vec![toleration(Some("other"), "Exists", None, None)], false),
+        ] {
+            let verdict = on_node(&|pod| {
+                pod.spec.as_mut().unwrap().tolerations = Some(tolerations.clone());
+            });
+            assert_eq!(
+                verdict,
+                act(node_degraded(), true, !tolerated),
+                "{tolerations:?}"
+            );
+        }
+        // An unhealthy device is evicted even when the pod tolerates the node's taint.
+        let mut sick_tolerating = sick();
+        sick_tolerating.spec.as_mut().unwrap().tolerations =
+            Some(vec![toleration(None, "Exists", None, None)]);
+        assert_eq!(
+            pod_verdict(&sick_tolerating, Some(&tainted), &policy),
+            act(unhealthy(&["GPU-b"]), true, true)
         );
     }
 }

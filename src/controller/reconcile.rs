@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::policy::v1::Eviction;
@@ -25,6 +25,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use super::lease::Leadership;
 use super::metrics::ControllerMetrics;
 use super::node::{
     self, Decision, NodeHistory, Ownership, TAINT_KEY, Verdict, node_verdict, ownership,
@@ -45,6 +46,23 @@ pub const POD_FIELD_SELECTOR: &str = "spec.nodeName!=,status.phase!=Succeeded";
 
 /// Attempts of a node taint patch that meets a conflict (someone else changed the node).
 const NODE_PATCH_ATTEMPTS: usize = 3;
+
+/// The first wait before evicting again a pod whose eviction a PodDisruptionBudget refused;
+/// doubled on each further refusal, up to [`EVICTION_BACKOFF_MAX`].
+pub const EVICTION_BACKOFF: Duration = Duration::from_secs(10);
+pub const EVICTION_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// The most bytes of an Event note the API server accepts.
+pub const EVENT_NOTE_MAX_BYTES: usize = 1024;
+
+/// The error a write meets when this replica's leadership has run out: the pass stops.
+#[derive(Debug, thiserror::Error)]
+#[error("not the leader any more: stopping the pass")]
+pub struct NotLeading;
+
+fn not_leading(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Service(source) if source.is::<NotLeading>())
+}
 
 /// The Node, Pod and opted-in Namespace caches.
 pub struct Caches {
@@ -183,8 +201,8 @@ fn slim_node(node: &mut Node) {
     };
 }
 
-/// Keeps what pod decisions read: identity, deletion, node, containers' resources, phase,
-/// conditions and container statuses (allocatedResourcesStatus).
+/// Keeps what pod decisions read: identity, deletion, owner references, node, tolerations,
+/// containers' resources, phase, conditions and container statuses (allocatedResourcesStatus).
 fn slim_pod(pod: &mut Pod) {
     let full = std::mem::take(pod);
     let slim_containers = |containers: Vec<k8s_openapi::api::core::v1::Container>| {
@@ -203,10 +221,12 @@ fn slim_pod(pod: &mut Pod) {
             namespace: full.metadata.namespace,
             uid: full.metadata.uid,
             deletion_timestamp: full.metadata.deletion_timestamp,
+            owner_references: full.metadata.owner_references,
             ..ObjectMeta::default()
         },
         spec: full.spec.map(|spec| PodSpec {
             node_name: spec.node_name,
+            tolerations: spec.tolerations,
             containers: slim_containers(spec.containers),
             init_containers: spec.init_containers.map(slim_containers),
             ..PodSpec::default()
@@ -265,6 +285,18 @@ impl TokenBucket {
             false
         }
     }
+
+    /// Gives back a token taken for an eviction that did not happen.
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.capacity);
+    }
+}
+
+/// When a pod whose eviction was refused may be tried again, and how often it was refused.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    next: Timestamp,
+    refusals: u32,
 }
 
 /// What one pass did (or, in a dry run, would have done), for tests and the log.
@@ -278,15 +310,19 @@ pub struct PassReport {
     pub evicted: Vec<String>,
     pub evictions_deferred: Vec<String>,
     pub errors: Vec<String>,
+    /// The pass stopped early: this replica's leadership ran out.
+    pub stopped: bool,
 }
 
 /// Applies the decisions. Owned by one task: passes never overlap.
 pub struct Reconciler {
+    /// For every write, with [`super::write_config`]: timeouts, and no retry of 429 answers (a
+    /// PodDisruptionBudget's refusal would otherwise be retried 15 times with growing delays,
+    /// holding up the pass past the leader's deadline).
     client: Client,
-    /// For evictions: without kube's default retry of 429 answers (a PodDisruptionBudget's
-    /// refusal would otherwise be retried 15 times with growing delays, holding up the pass).
-    eviction_client: Client,
     policy: Policy,
+    /// `None`: act without an election. Otherwise checked before every write.
+    leadership: Option<Leadership>,
     recorder: Recorder,
     metrics: Arc<ControllerMetrics>,
     histories: HashMap<String, NodeHistory>,
@@ -295,23 +331,22 @@ pub struct Reconciler {
     /// Pods (by uid) marked or evicted already: the cache may lag behind our own change.
     marked: HashSet<String>,
     evicted: HashSet<String>,
+    /// Pods (by uid) whose eviction a PodDisruptionBudget refused: each waits on its own.
+    backoff: HashMap<String, Backoff>,
     bucket: TokenBucket,
 }
 
 impl Reconciler {
     /// `policy.controller.dry_run` decides whether anything is changed. `instance` names this
-    /// replica in Events (`reportingInstance`). Makes two clients from `config`: one as kube
-    /// makes it, one for evictions without the default retry.
+    /// replica in Events (`reportingInstance`). Makes its client from `config` with
+    /// [`super::write_config`].
     pub fn new(
         config: kube::Config,
         policy: Policy,
         instance: Option<String>,
         metrics: Arc<ControllerMetrics>,
     ) -> Result<Self, kube::Error> {
-        let client = Client::try_from(config.clone())?;
-        let mut eviction_config = config;
-        eviction_config.default_retry = false;
-        let eviction_client = Client::try_from(eviction_config)?;
+        let client = Client::try_from(super::write_config(config))?;
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -323,20 +358,53 @@ impl Reconciler {
         let bucket = TokenBucket::per_minute(policy.controller.pods.evictions_per_minute);
         Ok(Self {
             client,
-            eviction_client,
             policy,
+            leadership: None,
             recorder,
             metrics,
             histories: HashMap::new(),
             valve_reported: HashSet::new(),
             marked: HashSet::new(),
             evicted: HashSet::new(),
+            backoff: HashMap::new(),
             bucket,
         })
     }
 
+    /// Acts only while `leadership` lasts: it is checked before every write, and a pass stops
+    /// when it has run out.
+    pub fn set_leadership(&mut self, leadership: Leadership) {
+        self.leadership = Some(leadership);
+    }
+
+    /// Forgets everything remembered between passes (node histories, marked and evicted pods,
+    /// eviction backoffs, the token bucket), and zeroes the gauges only the leader reports. Called
+    /// when leadership is gained (another replica acted meanwhile) and lost (the new leader
+    /// reports them).
+    pub fn reset(&mut self) {
+        self.histories.clear();
+        self.valve_reported.clear();
+        self.marked.clear();
+        self.evicted.clear();
+        self.backoff.clear();
+        self.bucket = TokenBucket::per_minute(self.policy.controller.pods.evictions_per_minute);
+        self.metrics.gpu_nodes.set(0);
+        self.metrics.tainted_nodes.set(0);
+        self.metrics.degraded_nodes.set(0);
+    }
+
     fn dry_run(&self) -> bool {
         self.policy.controller.dry_run
+    }
+
+    /// Ok when this replica may write now; otherwise the [`NotLeading`] error.
+    fn ensure_leading(&self) -> Result<(), kube::Error> {
+        match &self.leadership {
+            Some(leadership) if !leadership.leads_at(Instant::now()) => {
+                Err(kube::Error::Service(Box::new(NotLeading)))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// One pass over every node and pod of the caches, at `now`.
@@ -375,6 +443,20 @@ impl Reconciler {
             let name = node.metadata.name.clone().unwrap_or_default();
             let mut holds_taint =
                 ownership(&node) == Ownership::Ours || verdict.history.assumed_tainted;
+            if node::stale_annotation(&node) {
+                match self.clear_stale_annotation(&node).await {
+                    Ok(()) => {}
+                    Err(error) if not_leading(&error) => {
+                        report.stopped = true;
+                        return report;
+                    }
+                    Err(error) => {
+                        self.metrics.reconcile_errors.inc();
+                        tracing::warn!(node = %name, %error, "cannot clear the stale owner annotation; retrying on the next pass");
+                        report.errors.push(format!("annotation {name}: {error}"));
+                    }
+                }
+            }
             match verdict.decision {
                 Decision::Taint if !self.policy.controller.node_health.enabled => {
                     tracing::debug!(node = %name, seen = %verdict.describe_degraded(),
@@ -412,6 +494,10 @@ impl Reconciler {
                         self.metrics.taints_added.inc();
                         report.tainted.push(name.clone());
                     }
+                    Err(error) if not_leading(&error) => {
+                        report.stopped = true;
+                        return report;
+                    }
                     Err(error) => {
                         self.metrics.reconcile_errors.inc();
                         tracing::warn!(node = %name, %error, "cannot taint the node; retrying on the next pass");
@@ -429,6 +515,10 @@ impl Reconciler {
                         verdict.history = NodeHistory::default();
                         self.metrics.taints_removed.inc();
                         report.untainted.push(name.clone());
+                    }
+                    Err(error) if not_leading(&error) => {
+                        report.stopped = true;
+                        return report;
                     }
                     Err(error) => {
                         self.metrics.reconcile_errors.inc();
@@ -455,11 +545,14 @@ impl Reconciler {
             if !matches!(verdict.decision, Decision::Taint) {
                 self.valve_reported.remove(&name);
             }
-            if holds_taint {
-                let mut degraded: BTreeSet<String> = node::tainted_resources(&node, &self.policy)
-                    .into_iter()
+            // Pods are marked for their node only while it holds gpu-guard's taint and is still
+            // degraded for a resource they use: not during the recovery window.
+            if holds_taint && !verdict.degraded.is_empty() {
+                let degraded: BTreeSet<String> = verdict
+                    .degraded
+                    .iter()
+                    .map(|d| d.resource.clone())
                     .collect();
-                degraded.extend(verdict.degraded.iter().map(|d| d.resource.clone()));
                 node_states.insert(name.clone(), NodeState { degraded });
             }
             self.histories.insert(name, verdict.history);
@@ -481,6 +574,25 @@ impl Reconciler {
 
         self.pods_pass(caches, &node_states, now, &mut report).await;
         report
+    }
+
+    /// Removes the owner annotation of a node whose taint is gone (someone removed it by hand):
+    /// only the annotation, so a later taint with the same key is not taken for gpu-guard's.
+    async fn clear_stale_annotation(&self, node: &Node) -> Result<(), kube::Error> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if self.dry_run() {
+            tracing::info!(node = %name, "dry run: would remove the stale owner annotation {}", node::OWNER_ANNOTATION);
+            return Ok(());
+        }
+        let patched = self
+            .patch_node(node, |current| {
+                node::stale_annotation(current).then(|| node::clear_annotation_patch(current))
+            })
+            .await?;
+        if patched {
+            tracing::info!(node = %name, "gpu-guard's taint was removed by someone else; removed its stale owner annotation {}", node::OWNER_ANNOTATION);
+        }
+        Ok(())
     }
 
     async fn pods_pass(
@@ -511,6 +623,7 @@ impl Reconciler {
         let uids: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         self.marked.retain(|uid| uids.contains(uid));
         self.evicted.retain(|uid| uids.contains(uid));
+        self.backoff.retain(|uid, _| uids.contains(uid));
 
         for pod in pods {
             let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
@@ -538,6 +651,10 @@ impl Reconciler {
                         self.metrics.pods_marked.inc();
                         report.marked.push(id.clone());
                     }
+                    Err(error) if not_leading(&error) => {
+                        report.stopped = true;
+                        return;
+                    }
                     Err(error) => {
                         self.metrics.reconcile_errors.inc();
                         tracing::warn!(pod = %id, %error, "cannot mark the pod; retrying on the next pass");
@@ -546,6 +663,17 @@ impl Reconciler {
                 }
             }
             if evict && !self.evicted.contains(&uid) {
+                if self.backoff.get(&uid).is_some_and(|b| now < b.next) {
+                    // A PodDisruptionBudget refused it lately: its turn comes later, without
+                    // taking a token from the other pods.
+                    report.evictions_deferred.push(id);
+                    continue;
+                }
+                if let Err(error) = self.ensure_leading() {
+                    tracing::debug!(%error);
+                    report.stopped = true;
+                    return;
+                }
                 if !self.bucket.take(now) {
                     self.metrics.evictions_deferred.inc();
                     tracing::info!(pod = %id, "eviction rate limit reached; evicting on a later pass");
@@ -554,13 +682,34 @@ impl Reconciler {
                 }
                 match self.evict(&pod, &cause).await {
                     Ok(true) => {
+                        self.backoff.remove(&uid);
                         self.evicted.insert(uid);
                         self.metrics.pods_evicted.inc();
                         report.evicted.push(id);
                     }
                     Ok(false) => {
+                        // Refused (a PodDisruptionBudget): the token goes back to the other
+                        // pods, and this one waits, longer after each refusal.
+                        self.bucket.refund();
+                        let refusals = self.backoff.get(&uid).map_or(0, |b| b.refusals);
+                        let wait = EVICTION_BACKOFF
+                            .saturating_mul(2u32.saturating_pow(refusals.min(16)))
+                            .min(EVICTION_BACKOFF_MAX);
+                        let next = now.checked_add(wait).unwrap_or(Timestamp::MAX);
+                        self.backoff.insert(
+                            uid,
+                            Backoff {
+                                next,
+                                refusals: refusals.saturating_add(1),
+                            },
+                        );
                         self.metrics.evictions_deferred.inc();
                         report.evictions_deferred.push(id);
+                    }
+                    Err(error) if not_leading(&error) => {
+                        self.bucket.refund();
+                        report.stopped = true;
+                        return;
                     }
                     Err(error) => {
                         self.metrics.reconcile_errors.inc();
@@ -693,6 +842,7 @@ impl Reconciler {
             let Some(patch) = build(&current) else {
                 return Ok(false);
             };
+            self.ensure_leading()?;
             match api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -711,6 +861,7 @@ impl Reconciler {
     }
 
     async fn mark(&self, pod: &Pod, cause: &Cause, now: Timestamp) -> Result<(), kube::Error> {
+        self.ensure_leading()?;
         let (namespace, name) = pod_names(pod);
         let note = cause.message();
         if self.dry_run() {
@@ -745,6 +896,7 @@ impl Reconciler {
 
     /// Evicts the pod. `Ok(false)`: refused for now (429: a PodDisruptionBudget).
     async fn evict(&self, pod: &Pod, cause: &Cause) -> Result<bool, kube::Error> {
+        self.ensure_leading()?;
         let (namespace, name) = pod_names(pod);
         let id = format!("{namespace}/{name}");
         if self.dry_run() {
@@ -760,7 +912,7 @@ impl Reconciler {
             .await;
             return Ok(true);
         }
-        let api = Api::<Pod>::namespaced(self.eviction_client.clone(), &namespace);
+        let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
         let eviction = Eviction {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -812,8 +964,10 @@ impl Reconciler {
         action: &str,
         note: String,
     ) {
-        // The API server refuses notes over 1 kB.
-        let note: String = note.chars().take(1000).collect();
+        if self.ensure_leading().is_err() {
+            return;
+        }
+        let note = truncate_note(note);
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -832,6 +986,19 @@ impl Reconciler {
     }
 }
 
+/// The API server refuses Event notes over [`EVENT_NOTE_MAX_BYTES`] bytes: the note is cut at
+/// a character boundary within it.
+pub fn truncate_note(mut note: String) -> String {
+    if note.len() > EVENT_NOTE_MAX_BYTES {
+        let mut end = EVENT_NOTE_MAX_BYTES;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+    }
+    note
+}
+
 fn pod_names(pod: &Pod) -> (String, String) {
     (
         pod.metadata.namespace.clone().unwrap_or_default(),
@@ -848,4 +1015,37 @@ fn node_ref(node: &Node) -> k8s_openapi::api::core::v1::ObjectReference {
 
 fn pod_ref(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
     pod.object_ref(&())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_notes_are_cut_to_1024_bytes_at_a_character_boundary() {
+        assert_eq!(truncate_note("short".to_owned()), "short");
+        let ascii = "a".repeat(2000);
+        assert_eq!(truncate_note(ascii).len(), EVENT_NOTE_MAX_BYTES);
+        // 'é' is two bytes: 1023 bytes of 'a' and one 'é' would end at byte 1025.
+        let note = format!("{}é", "a".repeat(1023));
+        let cut = truncate_note(note);
+        assert_eq!(cut.len(), 1023);
+        assert!(cut.chars().all(|c| c == 'a'));
+        // 1000 characters of 'é' are 2000 bytes: the old limit of 1000 characters was too long.
+        assert_eq!(truncate_note("é".repeat(1000)).len(), EVENT_NOTE_MAX_BYTES);
+    }
+
+    #[test]
+    fn a_refunded_token_is_available_again() {
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let mut bucket = TokenBucket::per_minute(1);
+        assert!(bucket.take(at(0)));
+        assert!(!bucket.take(at(1)));
+        bucket.refund();
+        assert!(bucket.take(at(1)));
+        bucket.refund();
+        bucket.refund();
+        assert!(bucket.take(at(1)));
+        assert!(!bucket.take(at(1)), "a refund never exceeds the capacity");
+    }
 }

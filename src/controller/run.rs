@@ -7,9 +7,9 @@
 //! false, the loop stops after the pass in progress, the Lease is released, exit 0.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing_subscriber::EnvFilter;
 
-use super::lease::{Elector, LeaseLock};
+use super::lease::{Elector, Leadership, LeaseLock};
 use super::metrics::ControllerMetrics;
 use super::reconcile::{Caches, Reconciler};
 use crate::cli::{ControllerArgs, LogFormat, Report};
@@ -57,6 +57,39 @@ struct AdminState {
     metrics: Arc<ControllerMetrics>,
     synced: AtomicBool,
     stopping: AtomicBool,
+    /// While leading: when the last pass completed (or leadership began). `None`: not leading.
+    last_pass: Mutex<Option<Instant>>,
+    /// How old the last completed pass may be while leading before `/healthz` fails.
+    pass_overdue_after: Duration,
+}
+
+impl AdminState {
+    fn set_last_pass(&self, at: Option<Instant>) {
+        *self
+            .last_pass
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = at;
+    }
+
+    fn last_pass(&self) -> Option<Instant> {
+        *self
+            .last_pass
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// How old the last completed pass may be while leading before `/healthz` fails (so a
+/// reconcile loop that died or hangs gets the pod restarted): ten resyncs and a minute.
+pub fn pass_overdue_after(resync: Duration) -> Duration {
+    resync
+        .saturating_mul(10)
+        .saturating_add(Duration::from_secs(60))
+}
+
+/// Whether a leader's last completed pass, at `last_pass`, is overdue at `now`.
+pub fn pass_overdue(last_pass: Option<Instant>, now: Instant, limit: Duration) -> bool {
+    last_pass.is_some_and(|at| now.saturating_duration_since(at) > limit)
 }
 
 /// A started controller.
@@ -95,12 +128,16 @@ pub async fn start(
     policy: Policy,
     options: Options,
 ) -> std::io::Result<Running> {
+    // The watches' client: no read timeout (a watch is a long-lived response).
     let client = Client::try_from(config.clone()).map_err(std::io::Error::other)?;
+    let resync = Duration::from_secs(policy.controller.resync_seconds.max(1));
     let metrics = Arc::new(ControllerMetrics::default());
     let state = Arc::new(AdminState {
         metrics: metrics.clone(),
         synced: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
+        last_pass: Mutex::new(None),
+        pass_overdue_after: pass_overdue_after(resync),
     });
     let listener = TcpListener::bind(options.admin_listen).await?;
     let admin_addr = listener.local_addr()?;
@@ -121,32 +158,47 @@ pub async fn start(
     metrics
         .leader
         .set(i64::from(options.leader_election.is_none()));
-    let election = options.leader_election.as_ref().map(|election| {
-        let lock = LeaseLock::new(
-            client.clone(),
-            &election.namespace,
-            &election.name,
-            &election.identity,
-            election.duration,
-        );
-        tokio::spawn(elect(
-            Elector::new(lock),
-            election.duration / 3,
-            leader_tx,
-            metrics.clone(),
-            stop_election_rx,
-        ))
-    });
+    let leadership = options
+        .leader_election
+        .as_ref()
+        .map(|_| Leadership::default());
+    let election = match (&options.leader_election, &leadership) {
+        (Some(election), Some(leadership)) => {
+            // Timeouts and no retries of kube's own: each round is bounded by the leader's
+            // deadline.
+            let lease_client = Client::try_from(super::write_config(config.clone()))
+                .map_err(std::io::Error::other)?;
+            let lock = LeaseLock::new(
+                lease_client,
+                &election.namespace,
+                &election.name,
+                &election.identity,
+                election.duration,
+            );
+            Some(tokio::spawn(elect(
+                Elector::new(lock),
+                election.duration / 3,
+                leader_tx,
+                leadership.clone(),
+                metrics.clone(),
+                stop_election_rx,
+            )))
+        }
+        _ => None,
+    };
 
     let caches = Caches::start(&client);
-    let reconciler = Reconciler::new(config, policy.clone(), options.identity, metrics.clone())
+    let mut reconciler = Reconciler::new(config, policy.clone(), options.identity, metrics.clone())
         .map_err(std::io::Error::other)?;
-    let resync = Duration::from_secs(policy.controller.resync_seconds.max(1));
+    if let Some(leadership) = &leadership {
+        reconciler.set_leadership(leadership.clone());
+    }
     let reconcile = tokio::spawn(reconcile_loop(
         caches,
         reconciler,
         resync,
         leader_rx,
+        leadership,
         state.clone(),
         stop_loop_rx,
     ));
@@ -167,12 +219,28 @@ async fn elect(
     mut elector: Elector,
     retry: Duration,
     leader: watch::Sender<bool>,
+    leadership: Leadership,
     metrics: Arc<ControllerMetrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let retry = retry.max(Duration::from_millis(100));
     loop {
+        // A deadline that has passed ends leadership now, not when the next round returns.
+        if elector
+            .leading_until()
+            .is_none_or(|until| Instant::now() >= until)
+            && *leader.borrow()
+        {
+            tracing::warn!(
+                identity = elector.lock().identity(),
+                "the leader's deadline passed without a renewal: standing by"
+            );
+            leadership.set(None);
+            leader.send_replace(false);
+            metrics.leader.set(0);
+        }
         let leads = elector.round().await;
+        leadership.set(elector.leading_until());
         if leads != *leader.borrow() {
             if leads {
                 tracing::info!(
@@ -186,13 +254,19 @@ async fn elect(
                 );
             }
         }
-        leader.send_replace(leads);
+        leader.send_if_modified(|current| std::mem::replace(current, leads) != leads);
         metrics.leader.set(i64::from(leads));
+        // Wake up when the deadline passes too, so that a lost leadership is noticed at once.
+        let wake = elector
+            .leading_until()
+            .filter(|until| *until > Instant::now())
+            .map_or(retry, |until| retry.min(until - Instant::now()));
         tokio::select! {
             _ = stop.wait_for(|stop| *stop) => break,
-            () = tokio::time::sleep(retry) => {}
+            () = tokio::time::sleep(wake) => {}
         }
     }
+    leadership.set(None);
     leader.send_replace(false);
     metrics.leader.set(0);
     if let Err(error) = elector.lock().release(Timestamp::now()).await {
@@ -207,6 +281,7 @@ async fn reconcile_loop(
     mut reconciler: Reconciler,
     resync: Duration,
     mut leader: watch::Receiver<bool>,
+    leadership: Option<Leadership>,
     state: Arc<AdminState>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -227,10 +302,29 @@ async fn reconcile_loop(
     state.synced.store(true, Ordering::Relaxed);
     state.metrics.caches_synced.set(1);
     tracing::info!("controller caches synced");
+    // (leading, term) at the previous look.
+    let mut was = (false, u64::MAX);
     loop {
-        if *leader.borrow() {
+        let leading = leadership.as_ref().is_none_or(Leadership::leads);
+        let now = (leading, leadership.as_ref().map_or(0, Leadership::term));
+        if now != was {
+            // Another replica may have acted meanwhile (or acts from now on): nothing
+            // remembered is trusted, and the leader-only gauges are the new leader's to report.
+            reconciler.reset();
+            state.set_last_pass(leading.then(Instant::now));
+            was = now;
+        }
+        if leading {
             let report = reconciler.pass(&caches, Timestamp::now()).await;
+            if report.stopped {
+                tracing::warn!("leadership ran out during a pass: stopped it");
+            } else {
+                state.set_last_pass(Some(Instant::now()));
+            }
             tracing::debug!(?report, "pass done");
+            if report.stopped {
+                continue;
+            }
         }
         let changed = tokio::select! {
             _ = stop.wait_for(|stop| *stop) => return,
@@ -250,10 +344,24 @@ async fn reconcile_loop(
 
 fn admin_router(state: Arc<AdminState>) -> Router {
     Router::new()
-        .route(crate::server::HEALTHZ_PATH, get(|| async { "ok\n" }))
+        .route(crate::server::HEALTHZ_PATH, get(healthz))
         .route(crate::server::READYZ_PATH, get(readyz))
         .route(crate::server::METRICS_PATH, get(metrics_text))
         .with_state(state)
+}
+
+/// Fails (503) when this replica leads and its last completed pass is overdue: the reconcile
+/// loop died (a panic) or hangs, and the kubelet should restart the pod.
+async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
+    if pass_overdue(state.last_pass(), Instant::now(), state.pass_overdue_after) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "leading, but no reconcile pass has completed lately\n",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "ok\n").into_response()
+    }
 }
 
 async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
@@ -312,7 +420,7 @@ pub fn controller(args: &ControllerArgs, policy: Policy) -> Report {
                 namespace: args.lease_namespace.clone(),
                 name: args.lease_name.clone(),
                 identity,
-                duration: Duration::from_secs(args.lease_duration_seconds.max(3)),
+                duration: Duration::from_secs(args.lease_duration_seconds.clamp(3, 3600)),
             })
         };
         let options = Options {
@@ -428,6 +536,22 @@ mod tests {
         );
         policy.controller.dry_run = true;
         assert!(effective_policy(&args(&[]), policy).controller.dry_run);
+    }
+
+    #[test]
+    fn a_leader_whose_passes_stopped_fails_its_liveness_probe() {
+        let limit = pass_overdue_after(Duration::from_secs(15));
+        assert_eq!(limit, Duration::from_secs(210));
+        let now = Instant::now();
+        let at = |ago: u64| now.checked_sub(Duration::from_secs(ago));
+        assert!(!pass_overdue(None, now, limit), "not leading");
+        assert!(!pass_overdue(at(210), now, limit));
+        assert!(pass_overdue(at(211), now, limit));
+        assert_eq!(
+            pass_overdue_after(Duration::MAX),
+            Duration::MAX,
+            "never an overflow"
+        );
     }
 
     #[test]

@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::field::FieldPath;
 
+/// The longest `degradedForSeconds` and `healthyForSeconds`: 30 days.
+pub const MAX_HOLD_SECONDS: u64 = 30 * 24 * 3600;
+/// The longest `resyncSeconds`: one hour.
+pub const MAX_RESYNC_SECONDS: u64 = 3600;
+
 /// The node health controller and device-failure pod watcher.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -17,8 +22,8 @@ pub struct Controller {
     /// pod condition, no eviction. `gpu-guard controller --dry-run` turns it on too.
     pub dry_run: bool,
     /// Seconds between two full passes over nodes and pods. Watch events trigger a pass
-    /// sooner; this bounds how late a time threshold (`degradedForSeconds`, ...) is noticed.
-    #[schemars(range(min = 1))]
+    /// sooner; this bounds how late a time threshold (`degradedForSeconds`, ...) is noticed (at most one hour).
+    #[schemars(range(min = 1, max = 3600))]
     pub resync_seconds: u64,
     /// Node health: compare device capacity with allocatable, taint degraded nodes.
     pub node_health: NodeHealth,
@@ -48,11 +53,12 @@ pub struct NodeHealth {
     /// degraded.
     pub unusable_devices: UnusableThreshold,
     /// Seconds the threshold must hold before the node is tainted (a device plugin restart
-    /// briefly reports allocatable 0).
-    #[schemars(range(min = 0))]
+    /// briefly reports allocatable 0; at most 30 days).
+    #[schemars(range(min = 0, max = 2_592_000))]
     pub degraded_for_seconds: u64,
-    /// Seconds a tainted node must stay below the threshold before the taint is removed.
-    #[schemars(range(min = 0))]
+    /// Seconds a tainted node must stay below the threshold before the taint is removed (at
+    /// most 30 days).
+    #[schemars(range(min = 0, max = 2_592_000))]
     pub healthy_for_seconds: u64,
     /// Taint with effect `NoExecute` instead of `NoSchedule`: pods on the node that do not
     /// tolerate it are evicted too, healthy GPUs' pods included. Off by default.
@@ -136,8 +142,33 @@ pub(super) fn validate_controller(controller: &Controller) -> Vec<(FieldPath, St
     let root = FieldPath::new(["controller"]);
     if controller.resync_seconds == 0 {
         problems.push((root.child("resyncSeconds"), "must be at least 1".to_owned()));
+    } else if controller.resync_seconds > MAX_RESYNC_SECONDS {
+        problems.push((
+            root.child("resyncSeconds"),
+            format!(
+                "must be at most {MAX_RESYNC_SECONDS} (one hour), found {}",
+                controller.resync_seconds
+            ),
+        ));
     }
     let health = root.child("nodeHealth");
+    for (field, value) in [
+        (
+            "degradedForSeconds",
+            controller.node_health.degraded_for_seconds,
+        ),
+        (
+            "healthyForSeconds",
+            controller.node_health.healthy_for_seconds,
+        ),
+    ] {
+        if value > MAX_HOLD_SECONDS {
+            problems.push((
+                health.child(field),
+                format!("must be at most {MAX_HOLD_SECONDS} (30 days), found {value}"),
+            ));
+        }
+    }
     let threshold = &controller.node_health.unusable_devices;
     let threshold_path = health.child("unusableDevices");
     match (threshold.count, threshold.percent) {
@@ -207,17 +238,37 @@ mod tests {
             percent: Some(101),
         };
         controller.node_health.max_tainted_percent = 150;
+        controller.node_health.degraded_for_seconds = u64::MAX;
+        controller.node_health.healthy_for_seconds = MAX_HOLD_SECONDS + 1;
         controller.pods.evictions_per_minute = 0;
         let found = messages(&controller);
         assert_eq!(
             found,
             [
                 "controller.resyncSeconds: must be at least 1",
+                "controller.nodeHealth.degradedForSeconds: must be at most 2592000 (30 days), found 18446744073709551615",
+                "controller.nodeHealth.healthyForSeconds: must be at most 2592000 (30 days), found 2592001",
                 "controller.nodeHealth.unusableDevices.count: must be at least 1 (0 would call every node degraded)",
                 "controller.nodeHealth.unusableDevices.percent: must be 1 to 100, found 101",
                 "controller.nodeHealth.maxTaintedPercent: must be 0 to 100, found 150",
                 "controller.pods.evictionsPerMinute: must be at least 1; to evict nothing, set evictPods: false",
             ]
+        );
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        let mut controller = Controller {
+            resync_seconds: MAX_RESYNC_SECONDS,
+            ..Controller::default()
+        };
+        controller.node_health.degraded_for_seconds = MAX_HOLD_SECONDS;
+        controller.node_health.healthy_for_seconds = MAX_HOLD_SECONDS;
+        assert_eq!(messages(&controller), Vec::<String>::new());
+        controller.resync_seconds = MAX_RESYNC_SECONDS + 1;
+        assert_eq!(
+            messages(&controller),
+            ["controller.resyncSeconds: must be at most 3600 (one hour), found 3601"]
         );
     }
 

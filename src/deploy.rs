@@ -199,7 +199,19 @@ fn namespace_object(name: &str) -> Namespace {
 
 /// The ServiceAccount, and a ClusterRole with exactly what the code reads.
 fn rbac(namespace: &str) -> Vec<Value> {
-    let rules = cluster::RBAC_RULES
+    rbac_objects("webhook", "gpu-guard", namespace, &cluster::RBAC_RULES)
+}
+
+/// A component's ServiceAccount, a ClusterRole with exactly `rules` (`(API group, resource,
+/// verbs)`, as the code declares them) and the binding, all named `name`.
+fn rbac_objects(
+    component: &str,
+    name: &str,
+    namespace: &str,
+    rules: &[(&str, &str, &[&str])],
+) -> Vec<Value> {
+    let meta = |namespace: Option<&str>| component_meta(component, name, namespace);
+    let rules = rules
         .iter()
         .map(|(group, resource, verbs)| PolicyRule {
             api_groups: Some(vec![(*group).to_owned()]),
@@ -210,24 +222,24 @@ fn rbac(namespace: &str) -> Vec<Value> {
         .collect();
     vec![
         to_value(ServiceAccount {
-            metadata: meta("gpu-guard", Some(namespace)),
+            metadata: meta(Some(namespace)),
             ..ServiceAccount::default()
         }),
         to_value(ClusterRole {
-            metadata: meta("gpu-guard", None),
+            metadata: meta(None),
             rules: Some(rules),
             ..ClusterRole::default()
         }),
         to_value(ClusterRoleBinding {
-            metadata: meta("gpu-guard", None),
+            metadata: meta(None),
             role_ref: RoleRef {
                 api_group: Some("rbac.authorization.k8s.io".to_owned()),
                 kind: "ClusterRole".to_owned(),
-                name: "gpu-guard".to_owned(),
+                name: name.to_owned(),
             },
             subjects: Some(vec![Subject {
                 kind: "ServiceAccount".to_owned(),
-                name: "gpu-guard".to_owned(),
+                name: name.to_owned(),
                 namespace: Some(namespace.to_owned()),
                 ..Subject::default()
             }]),
@@ -401,40 +413,12 @@ pub fn controller(options: &Options) -> Vec<File> {
     const NAME: &str = "gpu-guard-controller";
     let namespace = options.namespace.as_str();
     let meta = |name: &str, namespace: Option<&str>| component_meta("controller", name, namespace);
-    let rules = crate::controller::RBAC_RULES
-        .iter()
-        .map(|(group, resource, verbs)| PolicyRule {
-            api_groups: Some(vec![(*group).to_owned()]),
-            resources: Some(vec![(*resource).to_owned()]),
-            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-            ..PolicyRule::default()
-        })
-        .collect();
-    let rbac = vec![
-        to_value(ServiceAccount {
-            metadata: meta(NAME, Some(namespace)),
-            ..ServiceAccount::default()
-        }),
-        to_value(ClusterRole {
-            metadata: meta(NAME, None),
-            rules: Some(rules),
-            ..ClusterRole::default()
-        }),
-        to_value(ClusterRoleBinding {
-            metadata: meta(NAME, None),
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                kind: "ClusterRole".to_owned(),
-                name: NAME.to_owned(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".to_owned(),
-                name: NAME.to_owned(),
-                namespace: Some(namespace.to_owned()),
-                ..Subject::default()
-            }]),
-        }),
-    ];
+    let rbac = rbac_objects(
+        "controller",
+        NAME,
+        namespace,
+        &crate::controller::RBAC_RULES,
+    );
     let labels = component_labels("controller");
     let env = crate::controller::DOWNWARD_API_ENV
         .iter()

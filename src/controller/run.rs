@@ -21,14 +21,14 @@ use kube::Client;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing_subscriber::EnvFilter;
 
 use super::lease::{Elector, Leadership, LeaseLock};
 use super::metrics::ControllerMetrics;
 use super::reconcile::{Caches, Reconciler};
-use crate::cli::{ControllerArgs, LogFormat, Report};
+use crate::cli::{ControllerArgs, Report};
 use crate::cluster;
 use crate::policy::Policy;
+use crate::server::run::{init_logging, wait_for_signal};
 
 /// Pause after a watch event before a pass, so a burst of events makes one pass.
 const DEBOUNCE: Duration = Duration::from_secs(1);
@@ -470,39 +470,6 @@ fn failed(message: String) -> Report {
         stderr: format!("error: {message}\n"),
         exit_code: 1,
         ..Report::default()
-    }
-}
-
-fn init_logging(format: LogFormat, level: &str) {
-    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -12,7 +12,7 @@ use crate::policy::Policy;
 
 /// Runs the server until a signal stops it.
 pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
-    init_logging(args);
+    init_logging(args.log_format, &args.log_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -123,19 +123,22 @@ fn certificate_source(args: &ServeArgs) -> Result<CertificateSource, String> {
     Ok(CertificateSource::Generated(pair))
 }
 
-fn init_logging(args: &ServeArgs) {
-    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs to stderr, as text or one JSON object a line, filtered by `level` (a level or a
+/// tracing filter; `info` when it does not parse). Shared by `serve` and `controller`.
+pub(crate) fn init_logging(format: LogFormat, level: &str) {
+    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     // Ignore the error of a second initialisation (tests run several servers in one process).
-    let _ = match args.log_format {
+    let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }
 
-async fn wait_for_signal() {
+/// Returns at SIGTERM or SIGINT. Shared by `serve` and `controller`.
+pub(crate) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

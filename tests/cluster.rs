@@ -7,17 +7,18 @@
 //! newline-delimited watch events that a test pushes. A test can hold lists or watches
 //! unanswered, end the watch streams, and read the log of requests.
 
+mod support;
+use support::{FakeBody, json_response};
+
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use gpu_guard::cluster::{self, CacheStatus, ClusterCache, ClusterError};
 use gpu_guard::guard::{ClusterView, KnownNode};
-use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
@@ -319,39 +320,6 @@ fn send(collection: &mut Collection, event: &Value) {
     collection
         .watchers
         .retain(|watcher| watcher.send(line.clone()).is_ok());
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response<FakeBody> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(FakeBody::Full(Some(Bytes::from(
-            serde_json::to_vec(body).expect("JSON"),
-        ))))
-        .expect("response")
-}
-
-/// A whole body, or a stream of watch event lines that ends when the fake drops its sender.
-enum FakeBody {
-    Full(Option<Bytes>),
-    Stream(mpsc::UnboundedReceiver<Bytes>),
-}
-
-impl Body for FakeBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            FakeBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
-            FakeBody::Stream(lines) => lines
-                .poll_recv(cx)
-                .map(|line| line.map(|line| Ok(Frame::data(line)))),
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,12 +7,13 @@
 //! sends the changes to the open watches, as an API server does. Tests drive the reconciler's
 //! passes with their own clock and assert the exact bodies sent.
 
+mod support;
+use support::{FakeBody, json_response};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use gpu_guard::controller::RBAC_RULES;
@@ -22,7 +23,7 @@ use gpu_guard::controller::node::{OWNER_ANNOTATION, TAINT_KEY};
 use gpu_guard::controller::reconcile::{Caches, PassReport, Reconciler};
 use gpu_guard::controller::run::{self, LeaderElection, Options};
 use gpu_guard::policy::Policy;
-use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::jiff::Timestamp;
@@ -482,39 +483,6 @@ fn lease(
             StatusCode::METHOD_NOT_ALLOWED,
             status(405, "MethodNotAllowed", ""),
         ),
-    }
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response<FakeBody> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(FakeBody::Full(Some(Bytes::from(
-            serde_json::to_vec(body).expect("JSON"),
-        ))))
-        .expect("response")
-}
-
-/// A whole body, or a stream of watch event lines that ends when the fake drops its sender.
-enum FakeBody {
-    Full(Option<Bytes>),
-    Stream(mpsc::UnboundedReceiver<Bytes>),
-}
-
-impl Body for FakeBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            FakeBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
-            FakeBody::Stream(lines) => lines
-                .poll_recv(cx)
-                .map(|line| line.map(|line| Ok(Frame::data(line)))),
-        }
     }
 }
 

@@ -1,0 +1,45 @@
+//! What the fake API servers of `tests/cluster.rs` and `tests/controller.rs` share: a hyper
+//! body that is whole or a stream of watch-event lines, and a JSON response.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hyper::body::{Body, Bytes, Frame};
+use hyper::{Response, StatusCode};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// A JSON response with `status`.
+pub fn json_response(status: StatusCode, body: &Value) -> Response<FakeBody> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(FakeBody::Full(Some(Bytes::from(
+            serde_json::to_vec(body).expect("JSON"),
+        ))))
+        .expect("response")
+}
+
+/// A whole body, or a stream of watch event lines that ends when the fake drops its sender.
+pub enum FakeBody {
+    Full(Option<Bytes>),
+    Stream(mpsc::UnboundedReceiver<Bytes>),
+}
+
+impl Body for FakeBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            FakeBody::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
+            FakeBody::Stream(lines) => lines
+                .poll_recv(cx)
+                .map(|line| line.map(|line| Ok(Frame::data(line)))),
+        }
+    }
+}

@@ -20,7 +20,6 @@ use gpu_guard::cluster::{self, CacheStatus, ClusterCache, ClusterError};
 use gpu_guard::guard::{ClusterView, KnownNode};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -109,21 +108,7 @@ impl Fake {
             })),
         };
         let server = fake.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let fake = server.clone();
-                tokio::spawn(async move {
-                    let service =
-                        hyper::service::service_fn(move |request| fake.clone().handle(request));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        support::serve(listener, move |request| server.clone().handle(request));
         fake
     }
 

@@ -25,7 +25,6 @@ use gpu_guard::controller::run::{self, LeaderElection, Options};
 use gpu_guard::policy::Policy;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -124,21 +123,7 @@ impl Fake {
             state: Arc::new(Mutex::new(state)),
         };
         let server = fake.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let fake = server.clone();
-                tokio::spawn(async move {
-                    let service =
-                        hyper::service::service_fn(move |request| fake.clone().handle(request));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        support::serve(listener, move |request| server.clone().handle(request));
         fake
     }
 
@@ -1216,15 +1201,16 @@ fn percent_decoded(text: &str) -> String {
     String::from_utf8(out).expect("UTF-8")
 }
 
-#[tokio::test]
-async fn evictions_are_rate_limited_and_a_pdb_refusal_waits() {
+/// Pods `ml/a` and `ml/b`, hit by a device failure on `gpu-1`, to be evicted (not marked) at
+/// one eviction a minute.
+async fn two_pods_to_evict() -> World {
     let objects = vec![
         (NODES, gpu_node("gpu-1", 8, 8)),
         (NAMESPACES, namespace("ml", true)),
         (PODS, pod("ml", "a", "gpu-1", true, true)),
         (PODS, pod("ml", "b", "gpu-1", true, true)),
     ];
-    let mut world = World::start(
+    World::start(
         policy(|p| {
             p.controller.pods.evict_pods = true;
             p.controller.pods.mark_pods = false;
@@ -1232,7 +1218,12 @@ async fn evictions_are_rate_limited_and_a_pdb_refusal_waits() {
         }),
         objects,
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn evictions_are_rate_limited_and_a_pdb_refusal_waits() {
+    let mut world = two_pods_to_evict().await;
     let report = world.pass(0).await;
     assert_eq!(report.evicted, ["ml/a"]);
     assert_eq!(report.evictions_deferred, ["ml/b"]);
@@ -1264,21 +1255,7 @@ async fn evictions_are_rate_limited_and_a_pdb_refusal_waits() {
 
 #[tokio::test]
 async fn a_pod_a_budget_refuses_waits_on_its_own_and_does_not_starve_the_others() {
-    let objects = vec![
-        (NODES, gpu_node("gpu-1", 8, 8)),
-        (NAMESPACES, namespace("ml", true)),
-        (PODS, pod("ml", "a", "gpu-1", true, true)),
-        (PODS, pod("ml", "b", "gpu-1", true, true)),
-    ];
-    let mut world = World::start(
-        policy(|p| {
-            p.controller.pods.evict_pods = true;
-            p.controller.pods.mark_pods = false;
-            p.controller.pods.evictions_per_minute = 1;
-        }),
-        objects,
-    )
-    .await;
+    let mut world = two_pods_to_evict().await;
     world.fake.lock().eviction_refused.insert("a".to_owned());
     let evictions_of = |world: &World, name: &str| {
         world

@@ -28,7 +28,9 @@ use super::reconcile::{Caches, Reconciler};
 use crate::cli::{ControllerArgs, Report};
 use crate::cluster;
 use crate::policy::Policy;
-use crate::server::run::{init_logging, wait_for_signal};
+use crate::server::run::{
+    failed, init_logging, shut_down_or_exit_at_second_signal, wait_for_signal,
+};
 
 /// Pause after a watch event before a pass, so a burst of events makes one pass.
 const DEBOUNCE: Duration = Duration::from_secs(1);
@@ -436,13 +438,7 @@ pub fn controller(args: &ControllerArgs, policy: Policy) -> Report {
         tracing::info!(admin = %running.admin_addr, dry_run, "controller running");
         wait_for_signal().await;
         tracing::info!("signal received: stopping (a second signal exits at once)");
-        tokio::select! {
-            () = running.shutdown() => Report::default(),
-            () = wait_for_signal() => {
-                tracing::warn!("second signal: exiting at once");
-                Report { exit_code: 130, ..Report::default() }
-            }
-        }
+        shut_down_or_exit_at_second_signal(running.shutdown()).await
     })
 }
 
@@ -462,15 +458,6 @@ fn hostname() -> Option<String> {
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty())
-}
-
-fn failed(message: String) -> Report {
-    tracing::error!("{message}");
-    Report {
-        stderr: format!("error: {message}\n"),
-        exit_code: 1,
-        ..Report::default()
-    }
 }
 
 #[cfg(test)]

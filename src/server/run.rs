@@ -57,14 +57,22 @@ pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
         tracing::info!(webhook = %running.addr, admin = %running.admin_addr, "serving");
         wait_for_signal().await;
         tracing::info!("signal received: draining (a second signal exits at once)");
-        tokio::select! {
-            () = running.shutdown() => Report::default(),
-            () = wait_for_signal() => {
-                tracing::warn!("second signal: exiting without draining");
-                Report { exit_code: 130, ..Report::default() }
-            }
-        }
+        shut_down_or_exit_at_second_signal(running.shutdown()).await
     })
+}
+
+/// Runs `shutdown` to its end (exit 0), unless a second signal comes first (exit 130, at once).
+/// Shared by `serve` and `controller`.
+pub(crate) async fn shut_down_or_exit_at_second_signal(
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Report {
+    tokio::select! {
+        () = shutdown => Report::default(),
+        () = wait_for_signal() => {
+            tracing::warn!("second signal: exiting at once");
+            Report { exit_code: 130, ..Report::default() }
+        }
+    }
 }
 
 /// The guard's view of the cluster: `--no-cluster`, `--kubeconfig`, or inferred (and offline,
@@ -89,7 +97,8 @@ async fn cluster_source(args: &ServeArgs, policy: &Policy) -> Result<ClusterSour
     Ok(ClusterSource::Cache(cluster::ClusterCache::start(client)))
 }
 
-fn failed(message: String) -> Report {
+/// A start-up failure: logged, printed, exit 1. Shared by `serve` and `controller`.
+pub(crate) fn failed(message: String) -> Report {
     tracing::error!("{message}");
     Report {
         stderr: format!("error: {message}\n"),

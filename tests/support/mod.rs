@@ -1,13 +1,17 @@
 //! What the fake API servers of `tests/cluster.rs` and `tests/controller.rs` share: a hyper
-//! body that is whole or a stream of watch-event lines, and a JSON response.
+//! body that is whole or a stream of watch-event lines, a JSON response, and the accept loop.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use hyper::body::Incoming;
 use hyper::body::{Body, Bytes, Frame};
-use hyper::{Response, StatusCode};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 /// A JSON response with `status`.
@@ -42,4 +46,26 @@ impl Body for FakeBody {
                 .map(|line| line.map(|line| Ok(Frame::data(line)))),
         }
     }
+}
+
+/// Serves HTTP/1.1 on `listener` for ever, each request answered by `handle`.
+pub fn serve<F, R>(listener: TcpListener, handle: F)
+where
+    F: Fn(Request<Incoming>) -> R + Clone + Send + Sync + 'static,
+    R: Future<Output = Result<Response<FakeBody>, Infallible>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(handle);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
 }

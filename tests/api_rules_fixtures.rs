@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use gpu_guard::mutate::api_rules::check_job;
+use gpu_guard::rules::job::check_job;
 use k8s_openapi::api::batch::v1::Job;
 
 const CASES: &str = "tests/fixtures/apiserver-cases";

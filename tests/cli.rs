@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use gpu_guard::field::FieldPath;
-use gpu_guard::mutate::api_rules::{check_job, check_job_spec};
 use gpu_guard::policy::{self, Policy};
+use gpu_guard::rules::job::{check_job, check_job_spec};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -21,7 +21,7 @@ use gpu_guard::controller::lease::{Elector, Leadership, LeaseLock};
 use gpu_guard::controller::metrics::ControllerMetrics;
 use gpu_guard::controller::node::{OWNER_ANNOTATION, TAINT_KEY};
 use gpu_guard::controller::reconcile::{Caches, PassReport, Reconciler};
-use gpu_guard::controller::run::{self, LeaderElection, Options};
+use gpu_guard::controller::run::{self, ControllerOptions as Options, LeaderElection};
 use gpu_guard::policy::Policy;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};

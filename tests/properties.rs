@@ -15,14 +15,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::LazyLock;
 
-use gpu_guard::mutate::api_rules::check_job;
+use gpu_guard::mutate::object::{MutableKind, mutate_object};
+use gpu_guard::mutate::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use gpu_guard::mutate::pod_settings::{NOT_READY_TAINT, UNREACHABLE_TAINT};
-use gpu_guard::mutate::{Change, MUTATED_ANNOTATION, Outcome, mutate_job};
-use gpu_guard::object::{MutableKind, mutate_object};
-use gpu_guard::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
+use gpu_guard::mutate::{Change, Outcome, mutate_job};
 use gpu_guard::policy::{
     ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, PodReplacementPolicy, Policy, RuleAction,
 };
+use gpu_guard::rules::job::check_job;
+use gpu_guard::wellknown::MUTATED_ANNOTATION;
 use json_patch::PatchOperation;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Toleration;
@@ -830,14 +831,14 @@ proptest! {
         raw["kind"] = json!("Job");
         let (nulled, _) = with_nulls(&raw, &nulls);
         for document in [&raw, &nulled] {
-            let general = gpu_guard::object::mutate_object(document, policy)
+            let general = gpu_guard::mutate::object::mutate_object(document, policy)
                 .expect("a Job")
                 .expect("the general path succeeds");
             let text = serde_json::to_string(document).unwrap();
-            let fast = gpu_guard::object::mutate_job_json(&text, policy)
+            let fast = gpu_guard::mutate::object::mutate_job_json(&text, policy)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
-            let skeleton = gpu_guard::job_view::decode(&text).unwrap().skeleton;
+            let skeleton = gpu_guard::mutate::job_view::decode(&text).unwrap().skeleton;
             prop_assert_eq!(
                 patch::operations(&general.outcome.changes, &skeleton, JOB_ROOT),
                 general.patch.clone()

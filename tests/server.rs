@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use gpu_guard::guard::ClusterView;
-use gpu_guard::object::mutate_object;
-use gpu_guard::patch;
+use gpu_guard::mutate::object::mutate_object;
+use gpu_guard::mutate::patch;
 use gpu_guard::policy::Policy;
 use gpu_guard::server::tls::{CertificateFiles, GeneratedPair, generate_self_signed};
-use gpu_guard::server::{CertificateSource, ClusterSource, Running, ServerConfig, Timeouts, start};
+use gpu_guard::server::{
+    CertificateSource, ClusterSource, RunningServer, ServerConfig, Timeouts, start,
+};
 use json_patch::Patch;
 use serde_json::{Value, json};
 
@@ -46,7 +48,7 @@ fn rustls_pemfile_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'sta
 
 /// A TLS connection to the server trusting only the test CA, for writing raw HTTP by hand.
 async fn raw_tls(
-    running: &Running,
+    running: &RunningServer,
     pair: &GeneratedPair,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_tls(&pair.ca_pem)));
@@ -65,7 +67,7 @@ fn offline_view() -> ClusterSource {
     ClusterSource::offline(&Policy::embedded())
 }
 
-async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> Running {
+async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> RunningServer {
     server_with(dir, pair, drain, offline_view()).await
 }
 
@@ -74,7 +76,7 @@ async fn server_with(
     pair: &GeneratedPair,
     drain: Duration,
     cluster: ClusterSource,
-) -> Running {
+) -> RunningServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     write_pair(dir, pair);
     let localhost: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -104,7 +106,7 @@ async fn server_with(
     .unwrap()
 }
 
-fn url(running: &Running, path: &str) -> String {
+fn url(running: &RunningServer, path: &str) -> String {
     format!("https://localhost:{}{path}", running.addr.port())
 }
 
@@ -309,7 +311,10 @@ async fn bad_input_gets_a_clear_answer_and_the_server_keeps_serving() {
     running.shutdown().await;
 }
 
-async fn served_certificate_ca(running: &Running, candidates: &[&GeneratedPair]) -> Option<usize> {
+async fn served_certificate_ca(
+    running: &RunningServer,
+    candidates: &[&GeneratedPair],
+) -> Option<usize> {
     for (index, pair) in candidates.iter().enumerate() {
         // A new client is a new connection: it sees the certificate served now.
         let client = client(&pair.ca_pem);
@@ -320,7 +325,7 @@ async fn served_certificate_ca(running: &Running, candidates: &[&GeneratedPair])
     None
 }
 
-async fn wait_for_ca(running: &Running, candidates: &[&GeneratedPair], want: usize) {
+async fn wait_for_ca(running: &RunningServer, candidates: &[&GeneratedPair], want: usize) {
     for _ in 0..50 {
         if served_certificate_ca(running, candidates).await == Some(want) {
             return;
@@ -445,8 +450,9 @@ mod in_process {
     use axum::body::Body;
     use axum::http::Request;
     use gpu_guard::admission::{self, Webhook};
+    use gpu_guard::process::admin_router;
     use gpu_guard::server::metrics::RequestLabels;
-    use gpu_guard::server::{AppState, admin_router, webhook_router};
+    use gpu_guard::server::{AppState, webhook_router};
     use tower::ServiceExt;
 
     fn request(path: &str, body: Vec<u8>) -> Request<Body> {
@@ -815,7 +821,7 @@ fn tolerating_pod() -> Value {
     body
 }
 
-async fn admin_get(running: &Running, path: &str) -> (u16, String) {
+async fn admin_get(running: &RunningServer, path: &str) -> (u16, String) {
     let response = reqwest::Client::new()
         .get(format!("http://{}{path}", running.admin_addr))
         .send()

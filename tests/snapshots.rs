@@ -2,10 +2,10 @@
 //! v1.36 sent (`tests/fixtures/admission/`): the patch is applied to the raw request object and
 //! the patched object is snapshotted (insta), so a review shows exactly what a user would get.
 
-use gpu_guard::mutate::api_rules::check_job;
-use gpu_guard::object::{MutableKind, mutate_object};
-use gpu_guard::patch;
+use gpu_guard::mutate::object::{MutableKind, mutate_object};
+use gpu_guard::mutate::patch;
 use gpu_guard::policy::Policy;
+use gpu_guard::rules::job::check_job;
 use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use serde_json::{Value, json};
 

@@ -1,9 +1,10 @@
 //! `/validate`: the GPU-node guard on real AdmissionReview requests from kube-apiserver v1.36
 //! (the fixtures), and on variants of them.
 
-use gpu_guard::admission::{Decision, GUARD_AUDIT_KEY, ReviewError, Reviewed, Webhook, review};
+use gpu_guard::admission::{Decision, ReviewError, Reviewed, Webhook, review};
 use gpu_guard::guard::{ClusterView, KnownNode, StaticView};
 use gpu_guard::policy::{GuardMode, Policy};
+use gpu_guard::wellknown::GUARD_AUDIT_KEY;
 use serde_json::{Value, json};
 
 fn fixture(name: &str) -> Value {

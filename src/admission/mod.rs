@@ -1,7 +1,7 @@
 //! AdmissionReview in, AdmissionReview out: the wire contract of the webhooks, with no
 //! transport in it (the server hands it bytes and sends back what it returns).
 //!
-//! - `/mutate`: a Job or CronJob CREATE goes through the engine ([`crate::object`]); the JSON
+//! - `/mutate`: a Job or CronJob CREATE goes through the engine ([`crate::mutate::object`]); the JSON
 //!   Patch is derived from the engine's changes and proven to apply to the raw request object
 //!   before it is sent. No change: no patch and no patchType. UPDATE, DELETE, CONNECT and every
 //!   other kind: allowed, no patch (a Job's pod template and podFailurePolicy are immutable).
@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::guard::{self, ClusterView, GuardedKind, Verdict, Workload};
-use crate::object::{ObjectError, ObjectMutation, mutate_job_json, mutate_object};
+use crate::mutate::object::{ObjectError, ObjectMutation, mutate_job_json, mutate_object};
 use crate::policy::{GuardMode, Policy};
+use crate::wellknown::{GUARD_AUDIT_KEY, GUARD_UNJUDGED_AUDIT_KEY};
 
 /// The two webhooks the server exposes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -168,12 +169,6 @@ pub struct GuardOutcome {
     /// `allowed`, `exempt`, `unjudged`, `denied`, `warned` or `audited`.
     pub outcome: &'static str,
 }
-
-/// The audit annotation a guard violation records (the API server prefixes it with the
-/// webhook's name).
-pub const GUARD_AUDIT_KEY: &str = "guard-violation";
-/// The audit annotation of a workload the guard could not judge offline.
-pub const GUARD_UNJUDGED_AUDIT_KEY: &str = "guard-unjudged";
 
 #[derive(Serialize)]
 struct OutgoingReview<'a> {

@@ -15,16 +15,8 @@ pub mod pod;
 pub mod reconcile;
 pub mod run;
 
-/// The namespace label that opts a namespace's pods in (the webhooks' namespaceSelector uses
-/// the same one).
-pub const NAMESPACE_OPT_IN_LABEL: &str = crate::deploy::ENABLED_LABEL;
-/// `reportingController` of the controller's Events.
-pub const EVENT_REPORTER: &str = "gpu-guard.io/controller";
-
-/// The admin port (`/healthz`, `/readyz`, `/metrics`), plain HTTP.
-pub const ADMIN_PORT: u16 = 8081;
-/// The default Lease name.
-pub const LEASE_NAME: &str = "gpu-guard-controller";
+// TODO(merge): the reconciler still takes these two names from here.
+pub(crate) use crate::wellknown::{ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL, EVENT_REPORTER};
 
 /// The read and write timeout of the clients that write (Lease, taints, pod conditions,
 /// evictions, Events): a request the API server does not answer fails instead of hanging.
@@ -70,30 +62,9 @@ pub const RBAC_RULES: [(&str, &str, &[&str]); 7] = [
     ),
 ];
 
-/// The container arguments of the controller Deployment (the policy comes from
-/// `GPU_GUARD_POLICY` or `--policy`, as for `serve`).
-pub fn container_args() -> Vec<String> {
-    [
-        "controller",
-        "--admin-listen=0.0.0.0:8081",
-        "--log-format=json",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-/// Environment variables the Deployment should set from the downward API: the replica's
-/// identity in the Lease and in Events (`metadata.name`), and the Lease's namespace
-/// (`metadata.namespace`).
-pub const DOWNWARD_API_ENV: [(&str, &str); 2] = [
-    ("POD_NAME", "metadata.name"),
-    ("POD_NAMESPACE", "metadata.namespace"),
-];
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn the_writing_clients_time_out_and_do_not_retry() {
@@ -102,17 +73,5 @@ mod tests {
         assert_eq!(config.write_timeout, Some(WRITE_TIMEOUT));
         assert!(config.reset_reader_on_write);
         assert!(!config.default_retry);
-    }
-
-    #[test]
-    fn the_deployment_args_parse() {
-        let args = std::iter::once("gpu-guard".to_owned()).chain(container_args());
-        let cli = crate::cli::Cli::try_parse_from(args).expect("the container args parse");
-        let crate::cli::Command::Controller(args) = cli.command else {
-            panic!("not the controller command");
-        };
-        assert_eq!(args.admin_listen.port(), ADMIN_PORT);
-        assert_eq!(args.lease_name, LEASE_NAME);
-        assert!(!args.dry_run);
     }
 }

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
-use crate::names::label_value_errors;
 use crate::policy::Policy;
+use crate::rules::names::label_value_errors;
 
 /// The key of the taint gpu-guard puts on degraded nodes.
 pub const TAINT_KEY: &str = "gpu-guard.io/device-degraded";

@@ -191,15 +191,11 @@ pub fn device_resources(pod: &Pod, policy: &Policy) -> BTreeSet<String> {
         .into_iter()
         .filter_map(|container| container.resources.as_ref())
         .flat_map(|resources| {
-            resources
-                .requests
-                .iter()
-                .flatten()
-                .chain(resources.limits.iter().flatten())
-                .map(|(name, _)| name)
+            policy
+                .devices
+                .devices_in(resources.limits.as_ref(), resources.requests.as_ref())
+                .map(|(_, name)| name.to_owned())
         })
-        .filter(|name| policy.devices.is_device_resource(name))
-        .cloned()
         .collect()
 }
 

@@ -7,15 +7,11 @@
 //! false, the loop stops after the pass in progress, the Lease is released, exit 0.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use tokio::net::TcpListener;
@@ -25,12 +21,9 @@ use tokio::task::JoinHandle;
 use super::lease::{Elector, Leadership, LeaseLock};
 use super::metrics::ControllerMetrics;
 use super::reconcile::{Caches, Reconciler};
-use crate::cli::{ControllerArgs, Report};
 use crate::cluster;
 use crate::policy::Policy;
-use crate::server::run::{
-    failed, init_logging, shut_down_or_exit_at_second_signal, wait_for_signal,
-};
+use crate::process::{self, AdminProbes, Stopped, admin_router};
 
 /// Pause after a watch event before a pass, so a burst of events makes one pass.
 const DEBOUNCE: Duration = Duration::from_secs(1);
@@ -47,7 +40,7 @@ pub struct LeaderElection {
 
 /// How the controller runs.
 #[derive(Clone, Debug)]
-pub struct Options {
+pub struct ControllerOptions {
     pub admin_listen: SocketAddr,
     /// None: act without an election (a single replica, or tests).
     pub leader_election: Option<LeaderElection>,
@@ -95,7 +88,7 @@ pub fn pass_overdue(last_pass: Option<Instant>, now: Instant, limit: Duration) -
 }
 
 /// A started controller.
-pub struct Running {
+pub struct RunningController {
     pub admin_addr: SocketAddr,
     pub metrics: Arc<ControllerMetrics>,
     state: Arc<AdminState>,
@@ -107,7 +100,7 @@ pub struct Running {
     admin: JoinHandle<()>,
 }
 
-impl Running {
+impl RunningController {
     /// Stops, in this order: readiness turns false; the loop ends after the pass in progress;
     /// then the Lease is released (never while this replica may still act, so two replicas
     /// never act at once); the admin port closes last.
@@ -128,8 +121,8 @@ impl Running {
 pub async fn start(
     config: kube::Config,
     policy: Policy,
-    options: Options,
-) -> std::io::Result<Running> {
+    options: ControllerOptions,
+) -> std::io::Result<RunningController> {
     // The watches' client: no read timeout (a watch is a long-lived response).
     let client = Client::try_from(config.clone()).map_err(std::io::Error::other)?;
     let resync = Duration::from_secs(policy.controller.resync_seconds.max(1));
@@ -204,7 +197,7 @@ pub async fn start(
         state.clone(),
         stop_loop_rx,
     ));
-    Ok(Running {
+    Ok(RunningController {
         admin_addr,
         metrics,
         state,
@@ -344,111 +337,92 @@ async fn reconcile_loop(
     }
 }
 
-fn admin_router(state: Arc<AdminState>) -> Router {
-    Router::new()
-        .route(crate::server::HEALTHZ_PATH, get(healthz))
-        .route(crate::server::READYZ_PATH, get(readyz))
-        .route(crate::server::METRICS_PATH, get(metrics_text))
-        .with_state(state)
-}
-
-/// Fails (503) when this replica leads and its last completed pass is overdue: the reconcile
-/// loop died (a panic) or hangs, and the kubelet should restart the pod.
-async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
-    if pass_overdue(state.last_pass(), Instant::now(), state.pass_overdue_after) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "leading, but no reconcile pass has completed lately\n",
-        )
-            .into_response()
-    } else {
-        (StatusCode::OK, "ok\n").into_response()
+impl AdminProbes for AdminState {
+    /// Fails when this replica leads and its last completed pass is overdue: the reconcile
+    /// loop died (a panic) or hangs, and the kubelet should restart the pod.
+    fn liveness(&self) -> Result<(), &'static str> {
+        if pass_overdue(self.last_pass(), Instant::now(), self.pass_overdue_after) {
+            Err("leading, but no reconcile pass has completed lately")
+        } else {
+            Ok(())
+        }
     }
-}
 
-async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
-    if state.stopping.load(Ordering::Relaxed) {
-        (StatusCode::SERVICE_UNAVAILABLE, "stopping\n").into_response()
-    } else if !state.synced.load(Ordering::Relaxed) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the Node, Pod and Namespace caches to sync\n",
-        )
-            .into_response()
-    } else {
-        (StatusCode::OK, "ready\n").into_response()
+    fn readiness(&self) -> Result<(), &'static str> {
+        if self.stopping.load(Ordering::Relaxed) {
+            Err("stopping")
+        } else if !self.synced.load(Ordering::Relaxed) {
+            Err("waiting for the Node, Pod and Namespace caches to sync")
+        } else {
+            Ok(())
+        }
     }
-}
 
-async fn metrics_text(State(state): State<Arc<AdminState>>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
-        .into_response()
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
 }
 
 // === the command ===
 
-/// `gpu-guard controller`: runs until a signal stops it.
-pub fn controller(args: &ControllerArgs, policy: Policy) -> Report {
-    init_logging(args.log_format, &args.log_level);
-    let policy = effective_policy(args, policy);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => return failed(format!("cannot start the async runtime: {error}")),
-    };
+/// What `gpu-guard controller` runs with, resolved from flags and environment.
+#[derive(Clone, Debug)]
+pub struct ControllerSettings {
+    /// `None`: inferred (KUBECONFIG, ~/.kube/config, in-cluster).
+    pub kubeconfig: Option<PathBuf>,
+    pub admin_listen: SocketAddr,
+    /// This replica's identity in the Lease and in Events (`None`: the host name).
+    pub identity: Option<String>,
+    /// The Lease to elect a leader with; `None`: act without an election.
+    pub lease: Option<LeaseSettings>,
+}
+
+/// Which Lease, and how long it lasts without renewal.
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    pub namespace: String,
+    pub name: String,
+    pub duration: Duration,
+}
+
+/// `gpu-guard controller`: runs until a signal stops it; `Err` is a start-up failure, already
+/// logged.
+pub fn run(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, String> {
+    run_until_signal(settings, policy).inspect_err(|message| tracing::error!("{message}"))
+}
+
+fn run_until_signal(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, String> {
+    let runtime = process::runtime(None)?;
     runtime.block_on(async move {
-        let config = match cluster::config(args.kubeconfig.as_deref()).await {
-            Ok(config) => config,
-            Err(error) => return failed(error.to_string()),
+        let config = cluster::config(settings.kubeconfig.as_deref())
+            .await
+            .map_err(|error| error.to_string())?;
+        let identity = settings.identity.clone().or_else(hostname);
+        let leader_election = match &settings.lease {
+            None => None,
+            Some(lease) => Some(LeaderElection {
+                namespace: lease.namespace.clone(),
+                name: lease.name.clone(),
+                identity: identity
+                    .clone()
+                    .ok_or("no identity for leader election: set --identity or POD_NAME")?,
+                duration: lease.duration,
+            }),
         };
-        let identity = args.identity.clone().or_else(hostname);
-        let leader_election = if args.no_leader_election {
-            None
-        } else {
-            let Some(identity) = identity.clone() else {
-                return failed(
-                    "no identity for leader election: set --identity or POD_NAME".to_owned(),
-                );
-            };
-            Some(LeaderElection {
-                namespace: args.lease_namespace.clone(),
-                name: args.lease_name.clone(),
-                identity,
-                duration: Duration::from_secs(args.lease_duration_seconds.clamp(3, 3600)),
-            })
-        };
-        let options = Options {
-            admin_listen: args.admin_listen,
+        let options = ControllerOptions {
+            admin_listen: settings.admin_listen,
             leader_election,
             identity,
         };
         let dry_run = policy.controller.dry_run;
-        let running = match start(config, policy, options).await {
-            Ok(running) => running,
-            Err(error) => return failed(format!("cannot start: {error}")),
-        };
+        let running = start(config, policy, options)
+            .await
+            .map_err(|error| format!("cannot start: {error}"))?;
         tracing::info!(admin = %running.admin_addr, dry_run, "controller running");
-        wait_for_signal().await;
+        process::wait_for_signal().await;
         tracing::info!("signal received: stopping (a second signal exits at once)");
-        shut_down_or_exit_at_second_signal(running.shutdown()).await
+        Ok(process::shut_down_or_exit_at_second_signal(running.shutdown()).await)
     })
-}
-
-/// The policy with the command line's overrides: `--dry-run` turns dry run on (it never turns
-/// a policy's `dryRun: true` off).
-pub fn effective_policy(args: &ControllerArgs, mut policy: Policy) -> Policy {
-    if args.dry_run {
-        policy.controller.dry_run = true;
-    }
-    policy
 }
 
 /// The host name (a pod's name, in a cluster), for the Lease identity.
@@ -463,34 +437,6 @@ fn hostname() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{Cli, Command};
-    use clap::Parser;
-
-    fn args(flags: &[&str]) -> ControllerArgs {
-        let cli =
-            Cli::try_parse_from(["gpu-guard", "controller"].iter().chain(flags)).expect("parses");
-        match cli.command {
-            Command::Controller(args) => args,
-            _ => panic!("not the controller command"),
-        }
-    }
-
-    #[test]
-    fn dry_run_flag_overrides_the_policy() {
-        let mut policy = Policy::default();
-        assert!(
-            !effective_policy(&args(&[]), policy.clone())
-                .controller
-                .dry_run
-        );
-        assert!(
-            effective_policy(&args(&["--dry-run"]), policy.clone())
-                .controller
-                .dry_run
-        );
-        policy.controller.dry_run = true;
-        assert!(effective_policy(&args(&[]), policy).controller.dry_run);
-    }
 
     #[test]
     fn a_leader_whose_passes_stopped_fails_its_liveness_probe() {
@@ -506,15 +452,5 @@ mod tests {
             Duration::MAX,
             "never an overflow"
         );
-    }
-
-    #[test]
-    fn defaults() {
-        let args = args(&["--identity", "replica-a"]);
-        assert_eq!(args.admin_listen.to_string(), "0.0.0.0:8081");
-        assert_eq!(args.lease_name, "gpu-guard-controller");
-        assert_eq!(args.lease_duration_seconds, 15);
-        assert_eq!(args.identity.as_deref(), Some("replica-a"));
-        assert!(!args.no_leader_election);
     }
 }

@@ -23,7 +23,7 @@ pub use input::{
     AffinityView, ContainerView, DecodeError, GuardedKind, Metadata, NodeAffinityView,
     OwnerReference, PodSpecView, ResourcesView, Workload,
 };
-pub use view::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode, StaticView};
+pub use view::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode, Layered, StaticView};
 
 use crate::field::FieldPath;
 use crate::policy::{DeviceResources, Guard, GuardMode};
@@ -269,18 +269,11 @@ fn targets(
             let Some(resources) = &container.resources else {
                 continue;
             };
-            for (field, names) in [
-                ("limits", &resources.limits),
-                ("requests", &resources.requests),
-            ] {
-                let Some(resource) = names
-                    .iter()
-                    .flatten()
-                    .map(|(name, _)| name)
-                    .find(|name| devices.is_device_resource(name))
-                else {
-                    continue;
-                };
+            // One reason per container is enough.
+            if let Some((field, resource)) = devices
+                .devices_in(resources.limits.as_ref(), resources.requests.as_ref())
+                .next()
+            {
                 found.push(Target {
                     path: spec_path
                         .child(list)
@@ -292,7 +285,6 @@ fn targets(
                     undo: format!("the {resource} request"),
                     device: true,
                 });
-                break; // one reason per container is enough
             }
         }
     }

@@ -120,3 +120,35 @@ impl ClusterView for StaticView {
             .then_some(KnownNode::ListedGpuNode)
     }
 }
+/// Facts from the manifests laid over a cluster's view: what the manifests define wins, the
+/// cluster answers the rest (and says whether the whole is complete).
+pub struct Layered<'a> {
+    pub over: StaticView,
+    pub under: &'a dyn ClusterView,
+}
+
+impl ClusterView for Layered<'_> {
+    fn synced(&self) -> bool {
+        self.under.synced()
+    }
+
+    fn authoritative(&self) -> bool {
+        self.under.authoritative()
+    }
+
+    fn priority_class(&self, name: &str) -> Option<i32> {
+        self.over
+            .priority_class(name)
+            .or_else(|| self.under.priority_class(name))
+    }
+
+    fn global_default_priority_class(&self) -> Option<(String, i32)> {
+        self.over
+            .global_default_priority_class()
+            .or_else(|| self.under.global_default_priority_class())
+    }
+
+    fn node(&self, name: &str) -> Option<KnownNode> {
+        self.over.node(name).or_else(|| self.under.node(name))
+    }
+}

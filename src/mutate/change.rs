@@ -1,5 +1,5 @@
 //! The typed list of what the engine changes. Each variant owns one path of the Job; the patch
-//! layer (`crate::patch`) renders the same variants as JSON Patch operations.
+//! layer ([`patch`](super::patch)) renders the same variants as JSON Patch operations.
 
 use k8s_openapi::api::batch::v1::{Job, PodFailurePolicy, PodFailurePolicyRule};
 use k8s_openapi::api::core::v1::{PodSpec, Toleration};

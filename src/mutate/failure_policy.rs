@@ -20,12 +20,12 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 
-use super::api_rules::MAX_RULES;
 use super::{Change, Draft, workload::DeviceContainers};
 use crate::policy::{
     ExistingPolicy, ExitCodeRule, FailurePolicySettings, OnFailureRestartPolicy,
     PodReplacementPolicy, RuleAction,
 };
+use crate::rules::job::MAX_RULES;
 
 /// Adds the podFailurePolicy (and the restart and replacement policies it needs) to a draft.
 pub(super) fn apply(

@@ -9,7 +9,7 @@
 //!   unreachable toleration seconds ([`pod_settings`]);
 //! - records what it did in the `gpu-guard.io/mutated` annotation.
 //!
-//! Every result is checked with [`api_rules::check_job`]; a result the API server would reject
+//! Every result is checked with [`rules::job::check_job`]; a result the API server would reject
 //! is never returned: the Job comes back unchanged with a warning saying why.
 //!
 //! Changes are typed ([`Change`]): the engine applies each one to its copy of the Job with
@@ -28,12 +28,14 @@
 //! let outcome = mutate_job(&job, &Policy::embedded());
 //! let rules = &outcome.job.spec.as_ref().unwrap().pod_failure_policy.as_ref().unwrap().rules;
 //! assert_eq!(rules.len(), 3); // DisruptionTarget, DeviceFailure, exit codes of "main"
-//! assert!(gpu_guard::mutate::api_rules::check_job(&outcome.job).is_empty());
+//! assert!(gpu_guard::rules::job::check_job(&outcome.job).is_empty());
 //! ```
 
-pub mod api_rules;
 mod change;
 pub mod failure_policy;
+pub mod job_view;
+pub mod object;
+pub mod patch;
 pub mod pod_settings;
 mod workload;
 
@@ -46,13 +48,8 @@ pub use change::Change;
 pub use workload::{DeviceContainers, device_containers};
 
 use crate::policy::Policy;
-
-/// An object with this annotation set to `"true"` is left alone by the mutating webhook.
-pub const SKIP_ANNOTATION: &str = "gpu-guard.io/skip";
-/// A Job with this label or annotation set to `"true"` is mutated even without a device request.
-pub const INJECT_KEY: &str = "gpu-guard.io/inject";
-/// Where the engine records what it changed.
-pub const MUTATED_ANNOTATION: &str = "gpu-guard.io/mutated";
+use crate::rules;
+use crate::wellknown::{INJECT_KEY, MUTATED_ANNOTATION, SKIP_ANNOTATION};
 
 /// Why a Job was not considered for mutation at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,7 +190,7 @@ pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
         value: summary,
     });
 
-    let violations = api_rules::check_job(&draft.job);
+    let violations = rules::job::check_job(&draft.job);
     if let Some(first) = violations.first() {
         let mut warnings = draft.warnings;
         warnings.push(format!(

@@ -4,6 +4,8 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::policy::{ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, RuleAction};
+use crate::rules;
+use crate::wellknown::{INJECT_KEY, MUTATED_ANNOTATION, SKIP_ANNOTATION};
 
 fn job(value: Value) -> Job {
     serde_json::from_value(value).expect("test Job decodes")
@@ -96,7 +98,7 @@ fn a_plain_gpu_job_gets_the_full_treatment() {
         annotation.starts_with("podFailurePolicy (3 rules)"),
         "{annotation}"
     );
-    assert!(api_rules::check_job(&outcome.job).is_empty());
+    assert!(rules::job::check_job(&outcome.job).is_empty());
 }
 
 #[test]
@@ -267,7 +269,7 @@ fn restart_policy_on_failure_is_skipped_or_converted() {
     assert!(rules(&skipped).is_empty());
     assert_eq!(pod(&skipped).restart_policy.as_deref(), Some("OnFailure"));
     assert!(skipped.warnings.iter().any(|w| w.contains("OnFailure")));
-    assert!(api_rules::check_job(&skipped.job).is_empty());
+    assert!(rules::job::check_job(&skipped.job).is_empty());
 
     let mut policy = Policy::default();
     policy.mutation.pod_failure_policy.on_failure_restart_policy =
@@ -306,7 +308,7 @@ fn fail_job_codes_become_fail_index_only_on_per_index_jobs() {
         rules(&per_index)[3],
         exit_rule("main", "FailIndex", &[126, 127])
     );
-    assert!(api_rules::check_job(&per_index.job).is_empty());
+    assert!(rules::job::check_job(&per_index.job).is_empty());
 
     policy
         .mutation
@@ -361,7 +363,7 @@ fn too_many_rules_fall_back_to_shared_rules_then_to_nothing() {
             .iter()
             .any(|w| w.contains("exceed the limit"))
     );
-    assert!(api_rules::check_job(&outcome.job).is_empty());
+    assert!(rules::job::check_job(&outcome.job).is_empty());
 
     // 18 per-container rules alone are fine.
     let wide = mutate_job(
@@ -461,7 +463,7 @@ fn pod_replacement_policy() {
         unset.job.spec.as_ref().unwrap().pod_replacement_policy,
         None
     );
-    assert!(api_rules::check_job(&unset.job).is_empty());
+    assert!(rules::job::check_job(&unset.job).is_empty());
 }
 
 #[test]

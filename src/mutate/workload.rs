@@ -57,11 +57,10 @@ pub fn device_containers(
 
 fn uses_device(container: &Container, devices: &DeviceResources) -> bool {
     container.resources.as_ref().is_some_and(|resources| {
-        [&resources.requests, &resources.limits]
-            .into_iter()
-            .flatten()
-            .flat_map(|quantities| quantities.keys())
-            .any(|name| devices.is_device_resource(name))
+        devices
+            .devices_in(resources.limits.as_ref(), resources.requests.as_ref())
+            .next()
+            .is_some()
     })
 }
 

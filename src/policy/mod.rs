@@ -18,6 +18,8 @@ mod guard;
 mod load;
 mod validate;
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -29,10 +31,10 @@ pub use load::{PolicyError, PolicyProblem, load, parse};
 
 pub use controller::{Controller, NodeHealth, PodWatcher, UnusableThreshold};
 
-/// The `apiVersion` a policy file declares.
-pub const API_VERSION: &str = "gpu-guard.io/v1alpha1";
-/// The `kind` a policy file declares.
-pub const KIND: &str = "Policy";
+use crate::wellknown::{POLICY_API_VERSION, POLICY_KIND};
+// TODO(merge): the controller still names the condition here; it moves to wellknown.
+pub use crate::wellknown::DEVICE_FAILURE_CONDITION;
+
 /// The source of the embedded default policy.
 pub const EMBEDDED_SOURCE: &str = include_str!("../../policies/default.yaml");
 /// The name under which the embedded policy is reported in errors and `policy show`.
@@ -60,8 +62,8 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Self {
-            api_version: API_VERSION.to_owned(),
-            kind: KIND.to_owned(),
+            api_version: POLICY_API_VERSION.to_owned(),
+            kind: POLICY_KIND.to_owned(),
             devices: DeviceResources::default(),
             mutation: Mutation::default(),
             guard: Guard::default(),
@@ -109,6 +111,26 @@ impl Default for DeviceResources {
 }
 
 impl DeviceResources {
+    /// The device resources a container's `resources` name: each `(field, resource)` with
+    /// `field` `"limits"` or `"requests"`, limits first, in key order. This is the one rule of
+    /// "this container uses a device": the engine, the guard and the controller all ask it.
+    pub fn devices_in<'a, V>(
+        &'a self,
+        limits: Option<&'a BTreeMap<String, V>>,
+        requests: Option<&'a BTreeMap<String, V>>,
+    ) -> impl Iterator<Item = (&'static str, &'a str)> + 'a {
+        [("limits", limits), ("requests", requests)]
+            .into_iter()
+            .flat_map(|(field, names)| {
+                names
+                    .into_iter()
+                    .flatten()
+                    .map(move |(name, _)| (field, name))
+            })
+            .filter(|(_, name)| self.is_device_resource(name))
+            .map(|(field, name)| (field, name.as_str()))
+    }
+
     /// Whether a resource name (a key of `resources.requests` or `resources.limits`) is a device.
     pub fn is_device_resource(&self, resource: &str) -> bool {
         self.names.iter().any(|name| name == resource)
@@ -185,9 +207,6 @@ impl Default for FailurePolicySettings {
         }
     }
 }
-
-/// The pod condition the gpu-guard controller sets on pods hit by an unhealthy device.
-pub const DEVICE_FAILURE_CONDITION: &str = "gpu-guard.io/DeviceFailure";
 
 /// What to do when the Job already has a podFailurePolicy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{API_VERSION, Guard, KIND, Policy, RuleAction};
+use super::{Guard, Policy, RuleAction};
 use crate::field::FieldPath;
-use crate::names::{
+use crate::rules::names::{
     dns_label_errors, dns_subdomain_errors, label_value_errors, qualified_name_errors,
 };
+use crate::wellknown::{POLICY_API_VERSION as API_VERSION, POLICY_KIND as KIND};
 
 /// The API server's limit on podFailurePolicy rules.
 pub const MAX_RULES: usize = 20;

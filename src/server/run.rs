@@ -1,44 +1,58 @@
-//! `gpu-guard serve`: logging, the certificate source, the runtime, signals.
+//! `gpu-guard serve`: the certificate source, the guard's cluster view, the server, signals.
+//! The command line resolves its flags into [`ServeSettings`]; logging is set up before.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use base64::Engine as _;
-use tracing_subscriber::EnvFilter;
 
 use super::{CertificateSource, ClusterSource, ServerConfig, start, tls};
-use crate::cli::{LogFormat, Report, ServeArgs};
 use crate::cluster;
 use crate::policy::Policy;
+use crate::process::{self, Stopped};
 
-/// Runs the server until a signal stops it.
-pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
-    init_logging(args.log_format, &args.log_level);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => return failed(format!("cannot start the async runtime: {error}")),
-    };
-    let certificate = match certificate_source(args) {
-        Ok(source) => source,
-        Err(message) => return failed(message),
-    };
+/// What `serve` runs with, resolved from flags and environment.
+#[derive(Clone, Debug)]
+pub struct ServeSettings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// PEM certificate chain and key, re-read when they change; `None`: a generated pair.
+    pub tls_files: Option<(PathBuf, PathBuf)>,
+    pub cert_poll: Duration,
+    /// Extra DNS names of a generated certificate.
+    pub dns_names: Vec<String>,
+    /// Where a generated certificate's CA bundle is written (default: the temp dir).
+    pub ca_bundle_file: Option<PathBuf>,
+    pub drain_delay: Duration,
+    /// Run on the policy's offline facts, with no API server.
+    pub no_cluster: bool,
+    /// The kubeconfig to watch PriorityClasses and Nodes with (`None`: inferred).
+    pub kubeconfig: Option<PathBuf>,
+    /// How long the caches may take to sync before a warning is logged.
+    pub cache_sync_warn: Duration,
+}
+
+/// Runs the server until a signal stops it; `Err` is a start-up failure, already logged.
+pub fn serve(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
+    run(settings, policy).inspect_err(|message| tracing::error!("{message}"))
+}
+
+fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
+    let runtime = process::runtime(None)?;
+    let certificate = certificate_source(settings)?;
     let config = ServerConfig {
-        listen: args.listen,
-        admin_listen: args.admin_listen,
+        listen: settings.listen,
+        admin_listen: settings.admin_listen,
         certificate,
-        drain_delay: Duration::from_secs(args.drain_delay_seconds),
+        drain_delay: settings.drain_delay,
         timeouts: super::Timeouts::default(),
     };
     runtime.block_on(async move {
-        let cluster = match cluster_source(args, &policy).await {
-            Ok(cluster) => cluster,
-            Err(message) => return failed(message),
-        };
+        let cluster = cluster_source(settings, &policy).await?;
         if let ClusterSource::Cache(cache) = &cluster {
             let cache = cache.clone();
-            let warn_after = Duration::from_secs(args.cache_sync_warn_seconds.max(1));
+            let warn_after = settings.cache_sync_warn.max(Duration::from_secs(1));
             tokio::spawn(async move {
                 if !cache.wait_synced(warn_after).await {
                     tracing::warn!(
@@ -50,39 +64,27 @@ pub fn serve(args: &ServeArgs, policy: Policy) -> Report {
                 }
             });
         }
-        let running = match start(config, policy, cluster).await {
-            Ok(running) => running,
-            Err(error) => return failed(format!("cannot start: {error}")),
-        };
+        let running = start(config, policy, cluster)
+            .await
+            .map_err(|error| format!("cannot start: {error}"))?;
         tracing::info!(webhook = %running.addr, admin = %running.admin_addr, "serving");
-        wait_for_signal().await;
+        process::wait_for_signal().await;
         tracing::info!("signal received: draining (a second signal exits at once)");
-        shut_down_or_exit_at_second_signal(running.shutdown()).await
+        Ok(process::shut_down_or_exit_at_second_signal(running.shutdown()).await)
     })
-}
-
-/// Runs `shutdown` to its end (exit 0), unless a second signal comes first (exit 130, at once).
-/// Shared by `serve` and `controller`.
-pub(crate) async fn shut_down_or_exit_at_second_signal(
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Report {
-    tokio::select! {
-        () = shutdown => Report::default(),
-        () = wait_for_signal() => {
-            tracing::warn!("second signal: exiting at once");
-            Report { exit_code: 130, ..Report::default() }
-        }
-    }
 }
 
 /// The guard's view of the cluster: `--no-cluster`, `--kubeconfig`, or inferred (and offline,
 /// with a warning, when no cluster is configured at all).
-async fn cluster_source(args: &ServeArgs, policy: &Policy) -> Result<ClusterSource, String> {
-    if args.no_cluster {
+async fn cluster_source(
+    settings: &ServeSettings,
+    policy: &Policy,
+) -> Result<ClusterSource, String> {
+    if settings.no_cluster {
         tracing::info!("--no-cluster: PriorityClasses and GPU nodes come from the policy file");
         return Ok(ClusterSource::offline(policy));
     }
-    if args.kubeconfig.is_none() && cluster::config_source().is_none() {
+    if settings.kubeconfig.is_none() && cluster::config_source().is_none() {
         tracing::warn!(
             "no cluster configured (no --kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster \
              service account): running as with --no-cluster; PriorityClasses and GPU nodes \
@@ -90,35 +92,25 @@ async fn cluster_source(args: &ServeArgs, policy: &Policy) -> Result<ClusterSour
         );
         return Ok(ClusterSource::offline(policy));
     }
-    let client = cluster::client(args.kubeconfig.as_deref())
+    let client = cluster::client(settings.kubeconfig.as_deref())
         .await
         .map_err(|error| error.to_string())?;
     tracing::info!("watching PriorityClasses and Nodes");
     Ok(ClusterSource::Cache(cluster::ClusterCache::start(client)))
 }
 
-/// A start-up failure: logged, printed, exit 1. Shared by `serve` and `controller`.
-pub(crate) fn failed(message: String) -> Report {
-    tracing::error!("{message}");
-    Report {
-        stderr: format!("error: {message}\n"),
-        exit_code: 1,
-        ..Report::default()
-    }
-}
-
-fn certificate_source(args: &ServeArgs) -> Result<CertificateSource, String> {
-    if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) {
+fn certificate_source(settings: &ServeSettings) -> Result<CertificateSource, String> {
+    if let Some((cert, key)) = &settings.tls_files {
         return Ok(CertificateSource::Files {
             files: tls::CertificateFiles {
                 cert: cert.clone(),
                 key: key.clone(),
             },
-            poll: Duration::from_secs(args.cert_poll_seconds.max(1)),
+            poll: settings.cert_poll.max(Duration::from_secs(1)),
         });
     }
-    let pair = tls::generate_self_signed(&args.dns_names).map_err(|e| e.to_string())?;
-    let path = args
+    let pair = tls::generate_self_signed(&settings.dns_names).map_err(|e| e.to_string())?;
+    let path = settings
         .ca_bundle_file
         .clone()
         .unwrap_or_else(super::default_ca_bundle_path);
@@ -130,41 +122,4 @@ fn certificate_source(args: &ServeArgs) -> Result<CertificateSource, String> {
         "no certificate given: serving a self-signed one; trust the CA bundle (caBundle) above"
     );
     Ok(CertificateSource::Generated(pair))
-}
-
-/// Logs to stderr, as text or one JSON object a line, filtered by `level` (a level or a
-/// tracing filter; `info` when it does not parse). Shared by `serve` and `controller`.
-pub(crate) fn init_logging(format: LogFormat, level: &str) {
-    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // Ignore the error of a second initialisation (tests run several servers in one process).
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
-/// Returns at SIGTERM or SIGINT. Shared by `serve` and `controller`.
-pub(crate) async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -8,10 +8,11 @@ use axum::body::Body;
 use axum::http::Request;
 use clap::Parser;
 use gpu_guard::cli::{Cli, Command};
-use gpu_guard::deploy::{self, Options};
+use gpu_guard::install::{self, Options};
 use gpu_guard::manifest;
 use gpu_guard::policy::Policy;
 use gpu_guard::server::{self, AppState};
+use gpu_guard::wellknown;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
@@ -35,21 +36,24 @@ fn read(path: &Path) -> String {
 fn the_checked_in_base_local_overlay_and_controller_are_the_generators_output() {
     let stale =
         "stale: run the command in its first line (cargo run -- generate webhook-config ...)";
-    let base = deploy::render(&deploy::base(&Options::default()), deploy::Generated::Base);
-    let controller = deploy::render(
-        &deploy::controller(&Options::default()),
-        deploy::Generated::Controller,
+    let base = install::render(
+        &install::base(&Options::default()),
+        install::Generated::Base,
+    );
+    let controller = install::render(
+        &install::controller(&Options::default()),
+        install::Generated::Controller,
     );
     let local_options = Options {
         local_url: Some("https://127.0.0.1:8443".into()),
         ..Options::default()
     };
-    let local = deploy::render(
-        &[deploy::File {
+    let local = install::render(
+        &[install::File {
             name: "webhooks.yaml",
-            objects: deploy::webhooks(&local_options),
+            objects: install::webhooks(&local_options),
         }],
-        deploy::Generated::Local,
+        install::Generated::Local,
     );
     for (dir, files) in [
         ("webhook-config/base", base),
@@ -228,7 +232,7 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         .secret
         .as_ref()
         .unwrap();
-    assert_eq!(secret.secret_name.as_deref(), Some(deploy::TLS_SECRET));
+    assert_eq!(secret.secret_name.as_deref(), Some(install::TLS_SECRET));
     // The grace period covers the drain delay and the server's shutdown timeout.
     let grace = spec
         .template
@@ -249,7 +253,7 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         assert_eq!(get.port, IntOrString::String("admin".into()));
         let path = get.path.as_deref().unwrap();
         assert_eq!(
-            status(server::admin_router(state.clone()), "GET", path).await,
+            status(gpu_guard::process::admin_router(state.clone()), "GET", path).await,
             200,
             "{path}"
         );
@@ -352,7 +356,7 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
             }
             (None, Some(url)) => {
                 let rest = url
-                    .strip_prefix(&format!("https://127.0.0.1:{}", server::WEBHOOK_PORT))
+                    .strip_prefix(&format!("https://127.0.0.1:{}", wellknown::WEBHOOK_PORT))
                     .unwrap_or_else(|| panic!("{name}: {url}"));
                 rest.to_owned()
             }
@@ -378,12 +382,12 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         )
     {
         let expressions = selector.match_expressions.unwrap();
-        assert!(expressions.iter().any(|e| e.key == deploy::ENABLED_LABEL
+        assert!(expressions.iter().any(|e| e.key == wellknown::ENABLED_LABEL
             && e.operator == "In"
             && e.values == Some(vec!["true".into()])));
         let excluded = expressions
             .iter()
-            .find(|e| e.key == deploy::NAMESPACE_NAME_LABEL && e.operator == "NotIn")
+            .find(|e| e.key == install::NAMESPACE_NAME_LABEL && e.operator == "NotIn")
             .unwrap();
         for namespace in ["kube-system", namespace] {
             assert!(
@@ -491,7 +495,8 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
         assert_eq!(get.port, IntOrString::String("admin".into()));
         assert!(
-            [server::HEALTHZ_PATH, server::READYZ_PATH].contains(&get.path.as_deref().unwrap())
+            [wellknown::HEALTHZ_PATH, wellknown::READYZ_PATH]
+                .contains(&get.path.as_deref().unwrap())
         );
     }
     let env: Vec<&str> = container
@@ -544,7 +549,7 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         .filter(|v| v["spec"]["isCA"] != true)
         .collect();
     assert_eq!(certificates.len(), 1);
-    assert_eq!(certificates[0]["spec"]["secretName"], deploy::TLS_SECRET);
+    assert_eq!(certificates[0]["spec"]["secretName"], install::TLS_SECRET);
     let service_dns = format!("{}.{namespace}.svc", service.metadata.name.clone().unwrap());
     assert!(
         certificates[0]["spec"]["dnsNames"]
@@ -556,7 +561,7 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
     // The ServiceMonitor scrapes the Service's metrics port at the server's metrics path.
     let monitor = &objects["ServiceMonitor"][0].1;
     let endpoint = &monitor["spec"]["endpoints"][0];
-    assert_eq!(endpoint["path"], server::METRICS_PATH);
+    assert_eq!(endpoint["path"], wellknown::METRICS_PATH);
     assert!(
         service
             .spec
@@ -595,7 +600,7 @@ async fn the_alerts_and_the_dashboard_use_metrics_the_server_exports() {
     let review =
         std::fs::read(root().join("tests/fixtures/admission/016-Pod-CREATE-validate.json"))
             .unwrap();
-    let request = Request::post(server::VALIDATE_PATH)
+    let request = Request::post(wellknown::VALIDATE_PATH)
         .header("content-type", "application/json")
         .body(Body::from(review))
         .unwrap();

@@ -29,12 +29,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
 use crate::cluster;
-use crate::server::{
-    ADMIN_PORT, HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH, VALIDATE_PATH, WEBHOOK_PORT,
+use crate::wellknown::{
+    CONTROLLER_ADMIN_PORT, ENABLED_LABEL, HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH,
+    SERVE_ADMIN_PORT as ADMIN_PORT, VALIDATE_PATH, WEBHOOK_PORT,
 };
 
-/// The namespace label that opts a namespace in.
-pub const ENABLED_LABEL: &str = "gpu-guard.io/enabled";
 /// The label every namespace carries with its own name (set by the API server).
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// The name of the mutating webhook (in its configuration).
@@ -87,7 +86,7 @@ impl Default for Options {
 }
 
 /// A webhook's `failurePolicy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailurePolicy {
     /// Admit the object when the webhook cannot be reached (the default: gpu-guard can never
     /// block the cluster).
@@ -406,6 +405,24 @@ fn spread(labels: &BTreeMap<String, String>) -> Vec<TopologySpreadConstraint> {
     ]
 }
 
+/// The container arguments of the controller Deployment (the policy comes from
+/// `GPU_GUARD_POLICY` or `--policy`, as for `serve`).
+pub fn controller_container_args() -> Vec<String> {
+    vec![
+        "controller".to_owned(),
+        format!("--admin-listen=0.0.0.0:{CONTROLLER_ADMIN_PORT}"),
+        "--log-format=json".to_owned(),
+    ]
+}
+
+/// Environment variables the controller Deployment sets from the downward API: the replica's
+/// identity in the Lease and in Events (`metadata.name`), and the Lease's namespace
+/// (`metadata.namespace`).
+pub const CONTROLLER_DOWNWARD_API_ENV: [(&str, &str); 2] = [
+    ("POD_NAME", "metadata.name"),
+    ("POD_NAMESPACE", "metadata.namespace"),
+];
+
 /// The controller (`gpu-guard controller`): its ServiceAccount, ClusterRole (exactly
 /// [`crate::controller::RBAC_RULES`]) and binding, and a Deployment of two replicas of which
 /// the Lease holder acts.
@@ -420,7 +437,7 @@ pub fn controller(options: &Options) -> Vec<File> {
         &crate::controller::RBAC_RULES,
     );
     let labels = component_labels("controller");
-    let env = crate::controller::DOWNWARD_API_ENV
+    let env = CONTROLLER_DOWNWARD_API_ENV
         .iter()
         .map(|(name, field)| k8s_openapi::api::core::v1::EnvVar {
             name: (*name).to_owned(),
@@ -437,11 +454,11 @@ pub fn controller(options: &Options) -> Vec<File> {
     let container = Container {
         name: "controller".to_owned(),
         image: Some(options.image.clone()),
-        args: Some(crate::controller::container_args()),
+        args: Some(controller_container_args()),
         env: Some(env),
         ports: Some(vec![ContainerPort {
             name: Some("admin".to_owned()),
-            container_port: i32::from(crate::controller::ADMIN_PORT),
+            container_port: i32::from(CONTROLLER_ADMIN_PORT),
             protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
@@ -731,6 +748,3 @@ pub const CONTROLLER_COMMAND: &str =
 pub const BASE_COMMAND: &str = "gpu-guard generate webhook-config --out-dir webhook-config/base";
 /// The command that generates `webhook-config/overlays/local/`.
 pub const LOCAL_COMMAND: &str = "gpu-guard generate webhook-config --local-url https://127.0.0.1:8443 --out-dir webhook-config/overlays/local";
-
-/// Metrics endpoint path, for the ServiceMonitor.
-pub const SCRAPE_PATH: &str = METRICS_PATH;

@@ -1,4 +1,5 @@
-//! `gpu-guard check`: the guard (and what `mutate` would change) on manifests, offline, for CI.
+//! What `gpu-guard check` finds: the guard (and what `mutate` would change) on manifests,
+//! offline, for CI.
 //!
 //! The same [`guard::judge`] the webhook calls. Cluster facts come from PriorityClass and Node
 //! objects among the inputs, `--priority-class NAME=VALUE` flags and the policy file's
@@ -9,8 +10,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::guard::{self, Allowed, ClusterView, GuardedKind, Priority, StaticView, Verdict};
-use crate::manifest::Document;
-use crate::object;
+use crate::manifest::Object;
+use crate::mutate::object;
 use crate::policy::{GuardMode, Policy};
 
 /// One object's result.
@@ -63,73 +64,6 @@ impl Checked {
     /// Whether anything would be denied.
     pub fn denied(&self) -> bool {
         self.findings.iter().any(|f| f.verdict == "denied")
-    }
-}
-
-/// Every object of the documents, `List` items flattened (an item without `kind` or
-/// `apiVersion` takes them from its list, as `kubectl get -o yaml` writes them).
-pub fn objects(documents: &[Document]) -> Vec<Object<'_>> {
-    fn flatten(value: &Value, out: &mut Vec<Value>) {
-        let kind = value
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if let Some(item_kind) = kind.strip_suffix("List")
-            && let Some(items) = value.get("items").and_then(Value::as_array)
-        {
-            let api_version = value.get("apiVersion").cloned().unwrap_or(Value::Null);
-            for item in items {
-                let mut item = item.clone();
-                if let Some(fields) = item.as_object_mut() {
-                    if !item_kind.is_empty() && !fields.contains_key("kind") {
-                        fields.insert("kind".to_owned(), Value::from(item_kind));
-                    }
-                    if !fields.contains_key("apiVersion") && !api_version.is_null() {
-                        fields.insert("apiVersion".to_owned(), api_version.clone());
-                    }
-                }
-                flatten(&item, out);
-            }
-        } else {
-            out.push(value.clone());
-        }
-    }
-    let mut objects = Vec::new();
-    for document in documents {
-        let mut values = Vec::new();
-        flatten(&document.value, &mut values);
-        let is_list = !matches!(values.as_slice(), [only] if only == &document.value);
-        objects.extend(values.into_iter().enumerate().map(|(item, value)| Object {
-            document,
-            item: is_list.then_some(item),
-            value,
-        }));
-    }
-    objects
-}
-
-/// One object of the inputs: its document, its position among the items of a `List` (`None`
-/// for a plain document), and the object.
-#[derive(Clone, Debug)]
-pub struct Object<'a> {
-    pub document: &'a Document,
-    pub item: Option<usize>,
-    pub value: Value,
-}
-
-impl Object<'_> {
-    /// `file (document N)` or `file (document N, item M)`.
-    pub fn location(&self) -> String {
-        match self.item {
-            Some(item) => format!(
-                "{} (document {}, item {item})",
-                self.document.source, self.document.index
-            ),
-            None => format!(
-                "{} (document {})",
-                self.document.source, self.document.index
-            ),
-        }
     }
 }
 
@@ -379,37 +313,4 @@ fn add_facts(
         view.add_priority_class(name, value, false);
     }
     Ok((view, errors))
-}
-
-/// Facts from the manifests laid over a cluster's view: what the manifests define wins, the
-/// cluster answers the rest (and says whether the whole is complete).
-pub struct Layered<'a> {
-    pub over: StaticView,
-    pub under: &'a dyn ClusterView,
-}
-
-impl ClusterView for Layered<'_> {
-    fn synced(&self) -> bool {
-        self.under.synced()
-    }
-
-    fn authoritative(&self) -> bool {
-        self.under.authoritative()
-    }
-
-    fn priority_class(&self, name: &str) -> Option<i32> {
-        self.over
-            .priority_class(name)
-            .or_else(|| self.under.priority_class(name))
-    }
-
-    fn global_default_priority_class(&self) -> Option<(String, i32)> {
-        self.over
-            .global_default_priority_class()
-            .or_else(|| self.under.global_default_priority_class())
-    }
-
-    fn node(&self, name: &str) -> Option<guard::KnownNode> {
-        self.over.node(name).or_else(|| self.under.node(name))
-    }
 }

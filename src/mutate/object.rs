@@ -7,11 +7,11 @@ use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use crate::job_view;
+use super::job_view;
+use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use crate::mutate::{
     Outcome, SkipReason, is_skipped, mutate_job, mutate_job_template, template_as_job,
 };
-use crate::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use crate::policy::Policy;
 
 /// The kinds the engine mutates.

@@ -11,8 +11,8 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 
+use super::names::qualified_name_errors;
 use crate::field::{FieldPath, Violation, quote};
-use crate::names::qualified_name_errors;
 
 /// At most this many rules in a podFailurePolicy.
 pub const MAX_RULES: usize = 20;

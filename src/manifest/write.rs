@@ -211,7 +211,7 @@ mod tests {
         assert!(text.is_ascii(), "{text}");
         let back: Value = serde_norway::from_str(&text).unwrap();
         assert_eq!(back, value, "{text}");
-        let (documents, error) = crate::yaml_in::read_documents(&text);
+        let (documents, error) = crate::manifest::read::read_documents(&text);
         assert_eq!(error, None);
         assert_eq!(documents, vec![value]);
     }

@@ -136,7 +136,7 @@ impl Builder<'_> {
 }
 
 /// Checks that a patch applies to `document` (a raw object, or its skeleton: see
-/// [`crate::job_view`]) without keeping the result. Whether an `add` applies depends on its
+/// [`job_view`](super::job_view)) without keeping the result. Whether an `add` applies depends on its
 /// path and on what earlier operations created there, not on the content of the values, so
 /// json-patch applies the operations to a copy with each added value replaced by an empty
 /// container of the same kind (no deep copies of the values on the request path).

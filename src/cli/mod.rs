@@ -1,0 +1,255 @@
+//! The command line: `gpu-guard serve | controller | mutate | check | generate | policy | certs`.
+//! The only module that knows clap: one file per command, each turning its flags into the plain
+//! settings of the module that does the work. Each command returns the text to print and an
+//! exit code ([`Report`]), so tests can call them without a process.
+
+mod certs;
+mod check;
+mod controller;
+mod generate;
+mod mutate;
+mod serve;
+
+use std::path::PathBuf;
+
+use clap::builder::PossibleValue;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::install;
+use crate::manifest::{self, Format};
+use crate::policy::{self, Policy, PolicyError};
+use crate::process::{self, LogFormat, Stopped};
+
+pub use certs::CertsArgs;
+pub use check::{CheckArgs, CheckFormat};
+pub use controller::{ControllerArgs, effective_policy};
+pub use generate::{FailurePolicyArgs, GenerateCommand, WebhookConfigArgs};
+pub use mutate::MutateArgs;
+pub use serve::ServeArgs;
+
+/// Keeps AI/ML batch Jobs on Kubernetes alive through GPU and other device failures.
+///
+/// The same engine runs in the mutating admission webhook and in these offline commands, so a
+/// manifest mutated in CI is exactly what the webhook would admit.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-guard", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Policy file to use instead of the embedded default (policies/default.yaml).
+    #[arg(long, global = true, env = "GPU_GUARD_POLICY", value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the admission webhooks: HTTPS /mutate and /validate, plain-HTTP /healthz and /readyz.
+    ///
+    /// Without --tls-cert-file/--tls-key-file a throw-away CA and serving certificate are made
+    /// in memory (for localhost, 127.0.0.1 and every --dns-name); the CA bundle is written to
+    /// --ca-bundle-file and logged base64-encoded, ready for a webhook's caBundle. Certificate
+    /// files are re-read when they change. SIGTERM: readiness turns false, requests are served
+    /// for --drain-delay, in-flight requests finish, exit 0; a second signal exits at once.
+    Serve(ServeArgs),
+    /// Mutate Jobs (and the jobTemplate of CronJobs) in manifests, as the webhook would.
+    ///
+    /// Reads YAML or JSON files, multi-document streams, directories (every .yaml, .yml and
+    /// .json file below them) and List objects; `-f -` reads stdin. Every other document passes
+    /// through unchanged, in order. Warnings and a summary of the changes go to stderr.
+    ///
+    /// Exit status: 0 on success, 1 when an input could not be read or decoded (its documents
+    /// are still written, unchanged), 2 on usage errors.
+    ///
+    /// Example: gpu-guard mutate -f k8s/ | kubectl apply -f -
+    Mutate(MutateArgs),
+    /// Run the GPU-node priority guard on manifests, as the validating webhook would, and say
+    /// what `mutate` would change.
+    ///
+    /// Reads the same inputs as `mutate`. PriorityClass and Node objects among them, the policy
+    /// file's guard.offline section and --priority-class flags supply the cluster facts; with
+    /// --kubeconfig they are read from the cluster instead. Each Pod and pod-template owner is
+    /// named (file, document, kind, namespace/name) with its verdict and every reason.
+    ///
+    /// Exit status: 0 when nothing would be denied, 1 when something would be, 2 on usage or
+    /// input errors.
+    ///
+    /// Example: gpu-guard check -f k8s/ --priority-class high-priority=1000000
+    Check(CheckArgs),
+    /// Print generated configuration.
+    #[command(subcommand)]
+    Generate(GenerateCommand),
+    /// Check or show a policy file.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Write a development CA and a serving certificate for the webhook Service (and localhost).
+    ///
+    /// Writes ca.crt, tls.crt and tls.key (mode 0600) for gpu-guard.<namespace>.svc,
+    /// its .cluster.local form, localhost and 127.0.0.1. For development only: production gets
+    /// its certificates from cert-manager (webhook-config/overlays/cert-manager).
+    Certs(CertsArgs),
+    /// Run the node health controller and device-failure pod watcher.
+    ///
+    /// Taints GPU nodes whose devices degrade (gpu-guard.io/device-degraded) so retried pods
+    /// land elsewhere, removes its own taint when they recover, and marks pods hit by a device
+    /// failure with the condition gpu-guard.io/DeviceFailure=True (optionally evicting them),
+    /// as the policy file's controller section says. Only the holder of the leader Lease acts.
+    /// Plain-HTTP /healthz, /readyz and /metrics on --admin-listen. SIGTERM: stop after the
+    /// pass in progress, release the Lease, exit 0.
+    Controller(ControllerArgs),
+}
+
+/// The logging flags of the long-running commands.
+#[derive(Debug, Args, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "GPU_GUARD_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log level or tracing filter (e.g. info, debug, gpu_guard=debug).
+    #[arg(long, env = "GPU_GUARD_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+impl LogArgs {
+    fn init(&self) {
+        process::init_logging(self.log_format, &self.log_level);
+    }
+}
+
+/// Where the long-running commands find their cluster.
+#[derive(Debug, Args, serde::Serialize)]
+pub struct KubeconfigArgs {
+    /// Kubeconfig file (default: inferred: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "GPU_GUARD_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy file; exit 1 if it is refused.
+    ///
+    /// Prints every semantic problem at once, each with file, line, column and field; a YAML
+    /// syntax error, an unknown key or a wrong type stops the reading, so it is the only
+    /// problem shown until it is fixed.
+    Check {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Print the effective policy (the embedded default, or --policy FILE) with every default.
+    Show,
+    /// Print the JSON Schema of the policy file (policies/schema.json).
+    Schema,
+}
+
+/// What a command prints and how the process exits.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i32,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: &Cli) -> Report {
+    if let Command::Policy(PolicyCommand::Check { file }) = &cli.command {
+        return match policy::load(file) {
+            Ok(_) => Report {
+                stdout: format!("{}: valid\n", file.display()),
+                ..Report::default()
+            },
+            Err(error) => failure(format!("{error}\n")),
+        };
+    }
+    if let Command::Policy(PolicyCommand::Schema) = &cli.command {
+        return Report {
+            stdout: Policy::json_schema(),
+            ..Report::default()
+        };
+    }
+    let policy = match load_policy(&cli.global) {
+        Ok(policy) => policy,
+        Err(error) => return failure(format!("{error}\n")),
+    };
+    match &cli.command {
+        Command::Serve(args) => serve::run(args, cli.global.policy.as_deref(), policy),
+        Command::Controller(args) => controller::run(args, policy),
+        Command::Mutate(args) => mutate::run(args, &policy),
+        Command::Check(args) => check::run(args, &policy),
+        Command::Generate(GenerateCommand::FailurePolicy(args)) => {
+            generate::failure_policy(args, &policy)
+        }
+        Command::Generate(GenerateCommand::WebhookConfig(args)) => generate::webhook_config(args),
+        Command::Certs(args) => certs::run(args),
+        Command::Policy(PolicyCommand::Show) => Report {
+            stdout: manifest::to_yaml(&serde_json::to_value(&policy).expect("policy serializes")),
+            ..Report::default()
+        },
+        Command::Policy(PolicyCommand::Check { .. } | PolicyCommand::Schema) => {
+            unreachable!("handled before the policy is loaded")
+        }
+    }
+}
+
+/// Loads the policy the global flags name.
+pub fn load_policy(global: &GlobalArgs) -> Result<Policy, PolicyError> {
+    match &global.policy {
+        Some(path) => policy::load(path),
+        None => Ok(Policy::embedded()),
+    }
+}
+
+fn failure(stderr: String) -> Report {
+    Report {
+        stdout: String::new(),
+        stderr,
+        exit_code: 1,
+    }
+}
+
+/// The report of a long-running command: exit 0 or 130 after a signal, 1 when it could not
+/// start (the message was logged already, and is printed too).
+fn finished(result: Result<Stopped, String>) -> Report {
+    match result {
+        Ok(stopped) => Report {
+            exit_code: stopped.exit_code(),
+            ..Report::default()
+        },
+        Err(message) => failure(format!("error: {message}\n")),
+    }
+}
+
+// === value enums of the modules below: clap stays here ===
+
+/// Implements [`ValueEnum`] for an enum of another module, with each value's help text.
+macro_rules! value_enum {
+    ($type:ident { $($variant:ident => $name:literal $(: $help:literal)?),+ $(,)? }) => {
+        impl ValueEnum for $type {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$($type::$variant),+]
+            }
+
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(match self {
+                    $($type::$variant => PossibleValue::new($name)$(.help($help))?),+
+                })
+            }
+        }
+    };
+}
+
+value_enum!(LogFormat {
+    Json => "json": "One JSON object a line (for log collectors)",
+    Text => "text": "Human-readable lines",
+});
+value_enum!(Format { Yaml => "yaml", Json => "json" });
+use install::FailurePolicy;
+value_enum!(FailurePolicy {
+    Ignore => "ignore": "Admit the object when the webhook cannot be reached (the default: gpu-guard can never block the cluster)",
+    Fail => "fail": "Reject the object when the webhook cannot be reached",
+});

@@ -1,0 +1,165 @@
+//! `gpu-guard mutate`: the mutation engine on manifests, as the webhook would apply it.
+
+use serde_json::Value;
+
+use clap::Args;
+use std::path::PathBuf;
+
+use super::Report;
+use crate::manifest::{self, Document, Format};
+use crate::mutate::{SkipReason, object};
+use crate::policy::Policy;
+
+#[derive(Debug, Args)]
+pub struct MutateArgs {
+    /// A file, a directory, or - for stdin. Repeat for several.
+    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    pub output: Format,
+    /// Print a unified diff of each input against its mutated form instead of the manifests.
+    #[arg(long)]
+    pub diff: bool,
+}
+
+pub(super) fn run(args: &MutateArgs, policy: &Policy) -> Report {
+    let mut report = Report::default();
+    let mut outputs = Vec::new();
+    let mut diffs = String::new();
+    for input in &args.files {
+        let files = match manifest::expand(input) {
+            Ok(files) => files,
+            Err(error) => {
+                report
+                    .stderr
+                    .push_str(&format!("error: {}: {error}\n", input.display()));
+                report.exit_code = 1;
+                continue;
+            }
+        };
+        for file in files {
+            let (documents, error) = manifest::read(&file);
+            let mut mutated = Vec::with_capacity(documents.len());
+            for document in &documents {
+                let mut value = document.value.clone();
+                if let Err(message) =
+                    mutate_document(&mut value, document, policy, &mut report.stderr)
+                {
+                    report.stderr.push_str(&format!("error: {message}\n"));
+                    report.exit_code = 1;
+                }
+                mutated.push(value);
+            }
+            if let Some(error) = error {
+                report.stderr.push_str(&format!("error: {error}\n"));
+                report.exit_code = 1;
+            }
+            if args.diff {
+                diffs.push_str(&unified_diff(
+                    &file.display().to_string(),
+                    &documents,
+                    &mutated,
+                ));
+            }
+            outputs.extend(mutated);
+        }
+    }
+    report.stdout = if args.diff {
+        diffs
+    } else if outputs.is_empty() {
+        String::new()
+    } else {
+        manifest::render(&outputs, args.output)
+    };
+    report
+}
+
+/// Mutates one document in place: the object, or each item of a `List`
+/// ([`manifest::visit_objects_mut`]); notes go to `log`.
+fn mutate_document(
+    value: &mut Value,
+    document: &Document,
+    policy: &Policy,
+    log: &mut String,
+) -> Result<(), String> {
+    let mut errors = Vec::new();
+    manifest::visit_objects_mut(value, &mut |item, object| {
+        if let Err(error) = mutate_object(object, &manifest::location(document, item), policy, log)
+        {
+            errors.push(error);
+        }
+    });
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("\n"))
+    }
+}
+
+/// Mutates one object in place; `location` says where it is.
+fn mutate_object(
+    value: &mut Value,
+    location: &str,
+    policy: &Policy,
+    log: &mut String,
+) -> Result<(), String> {
+    let name = object_name(value, location);
+    let Some(result) = object::mutate_object(value, policy) else {
+        return Ok(());
+    };
+    let mutation = result.map_err(|error| format!("{name}: {error}"))?;
+    for warning in &mutation.outcome.warnings {
+        log.push_str(&format!("warning: {name}: {warning}\n"));
+    }
+    match mutation.outcome.skipped {
+        Some(SkipReason::SkipAnnotation) => {
+            log.push_str(&format!(
+                "{name}: skipped ({} annotation)\n",
+                crate::wellknown::SKIP_ANNOTATION
+            ));
+        }
+        Some(SkipReason::NotDeviceWorkload) => log.push_str(&format!(
+            "{name}: unchanged (no container requests a device resource listed in the policy)\n"
+        )),
+        Some(SkipReason::NoPodSpec) => {
+            log.push_str(&format!("{name}: unchanged (no pod template spec)\n"));
+        }
+        None if mutation.patch.is_empty() => log.push_str(&format!("{name}: unchanged\n")),
+        None => {
+            *value = crate::mutate::patch::apply(value, &mutation.patch)
+                .map_err(|error| format!("{name}: {error}"))?;
+            log.push_str(&format!("{name}: {}\n", mutation.outcome.summary()));
+        }
+    }
+    Ok(())
+}
+
+fn object_name(value: &Value, location: &str) -> String {
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("object");
+    let name = value
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("<unnamed>");
+    format!("{location} {}/{name}", kind.to_lowercase())
+}
+
+fn unified_diff(file: &str, before: &[Document], after: &[Value]) -> String {
+    let before: Vec<Value> = before.iter().map(|d| d.value.clone()).collect();
+    let old = manifest::render(&before, Format::Yaml);
+    let new = manifest::render(after, Format::Yaml);
+    if old == new {
+        return String::new();
+    }
+    similar::TextDiff::from_lines(&old, &new)
+        .unified_diff()
+        .context_radius(3)
+        .header(
+            &format!("a/{}", file.trim_start_matches('/')),
+            &format!("b/{}", file.trim_start_matches('/')),
+        )
+        .to_string()
+}

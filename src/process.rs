@@ -1,0 +1,210 @@
+//! Process plumbing shared by the two long-running commands, `serve` and `controller`: logging,
+//! the tokio runtime, signals (drain on the first, exit at the second) and the plain-HTTP admin
+//! router (`/healthz`, `/readyz`, `/metrics`). Each component only says what "live", "ready"
+//! and "metrics" mean for it ([`AdminProbes`]).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tracing_subscriber::EnvFilter;
+
+use crate::wellknown::{HEALTHZ_PATH, METRICS_PATH, READYZ_PATH};
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object a line (for log collectors).
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// Logs to stderr, as text or one JSON object a line, filtered by `level` (a level or a
+/// tracing filter; `info` when it does not parse).
+pub fn init_logging(format: LogFormat, level: &str) {
+    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // Ignore the error of a second initialisation (tests run several servers in one process).
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// The multi-threaded tokio runtime of a command: one worker a core, or `workers`.
+pub fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = workers {
+        builder.worker_threads(workers);
+    }
+    builder
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the async runtime: {error}"))
+}
+
+/// Returns at SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// How a long-running command ended after its first signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// The shutdown ran to its end (exit 0).
+    Cleanly,
+    /// A second signal came first (exit 130, at once).
+    AtSecondSignal,
+}
+
+impl Stopped {
+    /// The process exit code.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Stopped::Cleanly => 0,
+            Stopped::AtSecondSignal => 130,
+        }
+    }
+}
+
+/// Runs `shutdown` to its end, unless a second signal comes first.
+pub async fn shut_down_or_exit_at_second_signal(shutdown: impl Future<Output = ()>) -> Stopped {
+    tokio::select! {
+        () = shutdown => Stopped::Cleanly,
+        () = wait_for_signal() => {
+            tracing::warn!("second signal: exiting at once");
+            Stopped::AtSecondSignal
+        }
+    }
+}
+
+/// What the admin port reports of a component.
+pub trait AdminProbes: Send + Sync + 'static {
+    /// `Ok`, or why the process should be restarted (`/healthz` answers 503 with it).
+    fn liveness(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+    /// `Ok`, or why the process should get no traffic yet (`/readyz` answers 503 with it).
+    fn readiness(&self) -> Result<(), &'static str>;
+    /// The OpenMetrics text of `/metrics`.
+    fn metrics(&self) -> String;
+}
+
+/// The admin routes: `/healthz` (`ok`), `/readyz` (`ready`) and `/metrics`, each answering
+/// from `probes`.
+pub fn admin_router<P: AdminProbes>(probes: Arc<P>) -> Router {
+    Router::new()
+        .route(HEALTHZ_PATH, get(healthz::<P>))
+        .route(READYZ_PATH, get(readyz::<P>))
+        .route(METRICS_PATH, get(metrics::<P>))
+        .with_state(probes)
+}
+
+async fn healthz<P: AdminProbes>(State(probes): State<Arc<P>>) -> Response {
+    probe_response(probes.liveness(), "ok")
+}
+
+async fn readyz<P: AdminProbes>(State(probes): State<Arc<P>>) -> Response {
+    probe_response(probes.readiness(), "ready")
+}
+
+fn probe_response(result: Result<(), &'static str>, ok: &'static str) -> Response {
+    match result {
+        Ok(()) => (StatusCode::OK, format!("{ok}\n")).into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
+}
+
+async fn metrics<P: AdminProbes>(State(probes): State<Arc<P>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        probes.metrics(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    struct Starting;
+
+    impl AdminProbes for Starting {
+        fn readiness(&self) -> Result<(), &'static str> {
+            Err("waiting for the caches to sync")
+        }
+        fn metrics(&self) -> String {
+            "# EOF\n".to_owned()
+        }
+    }
+
+    async fn get(router: Router, path: &str) -> (StatusCode, String) {
+        let response = router
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_admin_routes_answer_from_the_probes() {
+        let router = admin_router(Arc::new(Starting));
+        assert_eq!(
+            get(router.clone(), HEALTHZ_PATH).await,
+            (StatusCode::OK, "ok\n".to_owned())
+        );
+        assert_eq!(
+            get(router.clone(), READYZ_PATH).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "waiting for the caches to sync\n".to_owned()
+            )
+        );
+        assert_eq!(
+            get(router, METRICS_PATH).await,
+            (StatusCode::OK, "# EOF\n".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_second_signal_exits_130() {
+        assert_eq!(Stopped::Cleanly.exit_code(), 0);
+        assert_eq!(Stopped::AtSecondSignal.exit_code(), 130);
+    }
+}

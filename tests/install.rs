@@ -636,3 +636,62 @@ async fn the_alerts_and_the_dashboard_use_metrics_the_server_exports() {
     }
     assert!(checked >= 20, "{checked}");
 }
+
+/// Every fixture request the mutating webhook changes (a Job and a CronJob CREATE, as a real API
+/// server sent them) is one the generated MutatingWebhookConfiguration registers: the webhook
+/// never handles a kind the API server would not send it.
+#[test]
+fn the_mutating_webhook_registers_every_kind_the_engine_changes() {
+    use gpu_guard::admission::{Webhook, review};
+    use gpu_guard::guard::StaticView;
+    let objects = install::webhooks(&Options::default());
+    let mutating = objects
+        .iter()
+        .find(|o| o["kind"] == "MutatingWebhookConfiguration")
+        .expect("a MutatingWebhookConfiguration");
+    let rules = mutating["webhooks"][0]["rules"].as_array().unwrap();
+    let registered = |group: &str, resource: &str, operation: &str| {
+        rules.iter().any(|rule| {
+            let has = |key: &str, value: &str| {
+                rule[key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v == value || v == "*")
+            };
+            has("apiGroups", group) && has("resources", resource) && has("operations", operation)
+        })
+    };
+    let policy = Policy::embedded();
+    let view = StaticView::from_policy(&policy.guard.offline);
+    let mut patched = Vec::new();
+    let dir = root().join("tests/fixtures/admission");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.to_string_lossy().ends_with("-mutate.json") {
+            continue;
+        }
+        let body = std::fs::read(&path).unwrap();
+        let reviewed = review(Webhook::Mutate, &body, &policy, &view).expect("reviewed");
+        if reviewed.patch_bytes == 0 {
+            continue;
+        }
+        let request: Value = serde_json::from_slice(&body).unwrap();
+        let resource = &request["request"]["resource"];
+        let (group, name) = (
+            resource["group"].as_str().unwrap(),
+            resource["resource"].as_str().unwrap(),
+        );
+        let operation = request["request"]["operation"].as_str().unwrap();
+        assert!(
+            registered(group, name, operation),
+            "{}: the webhook patches {group}/{name} {operation}, which the generated \
+             MutatingWebhookConfiguration does not register",
+            path.display()
+        );
+        patched.push(name.to_owned());
+    }
+    patched.sort();
+    patched.dedup();
+    assert_eq!(patched, ["cronjobs", "jobs"]);
+}

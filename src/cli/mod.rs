@@ -8,6 +8,7 @@ mod check;
 mod controller;
 mod generate;
 mod mutate;
+pub mod reference;
 mod serve;
 
 use std::path::PathBuf;

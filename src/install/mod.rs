@@ -638,7 +638,7 @@ pub fn webhooks(options: &Options) -> Vec<Value> {
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespace_selector(own)),
             reinvocation_policy: Some("IfNeeded".to_owned()),
-            rules: Some(vec![rule("batch", &["jobs"], &["CREATE"])]),
+            rules: Some(vec![rule("batch", &["jobs", "cronjobs"], &["CREATE"])]),
             side_effects: "None".to_owned(),
             timeout_seconds: Some(TIMEOUT_SECONDS),
             ..MutatingWebhook::default()

@@ -16,6 +16,7 @@
 mod controller;
 mod guard;
 mod load;
+pub mod reference;
 mod validate;
 
 use std::collections::BTreeMap;

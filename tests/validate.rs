@@ -1,7 +1,7 @@
 //! `/validate`: the GPU-node guard on real AdmissionReview requests from kube-apiserver v1.36
 //! (the fixtures), and on variants of them.
 
-use gpu_guard::admission::{Decision, ReviewError, Reviewed, Webhook, review};
+use gpu_guard::admission::{ReviewError, ReviewOutcome, Reviewed, Webhook, review};
 use gpu_guard::guard::{ClusterView, KnownNode, StaticView};
 use gpu_guard::policy::{GuardMode, Policy};
 use gpu_guard::wellknown::GUARD_AUDIT_KEY;
@@ -68,7 +68,7 @@ fn the_fixtures_are_allowed_and_judged() {
 fn a_low_priority_pod_tolerating_the_gpu_taint_is_denied_with_the_fix() {
     let body = tolerating_pod();
     let reviewed = run(&body, &Policy::embedded()).unwrap();
-    assert_eq!(reviewed.outcome, Decision::Denied);
+    assert_eq!(reviewed.outcome, ReviewOutcome::Denied);
     let response = answer(&reviewed);
     assert_eq!(response["uid"], body["request"]["uid"]);
     assert_eq!(response["allowed"], false);
@@ -89,7 +89,7 @@ fn a_low_priority_pod_tolerating_the_gpu_taint_is_denied_with_the_fix() {
     skipping["request"]["object"]["metadata"]["annotations"] = json!({"gpu-guard.io/skip": "true"});
     assert_eq!(
         run(&skipping, &Policy::embedded()).unwrap().outcome,
-        Decision::Denied
+        ReviewOutcome::Denied
     );
     // A dry run gets the same answer.
     let mut dry = body.clone();
@@ -128,7 +128,7 @@ fn warn_and_audit_modes_allow_and_say_so() {
         .namespace_modes
         .insert("gpu-lab".into(), GuardMode::Warn);
     let reviewed = run(&tolerating_pod(), &policy).unwrap();
-    assert_eq!(reviewed.outcome, Decision::Warned);
+    assert_eq!(reviewed.outcome, ReviewOutcome::Warned);
     assert_eq!(reviewed.guard.unwrap().mode, GuardMode::Warn);
     let response = answer(&reviewed);
     assert_eq!(response["allowed"], true);
@@ -158,7 +158,7 @@ fn warn_and_audit_modes_allow_and_say_so() {
     policy.guard.namespace_modes.clear();
     policy.guard.mode = GuardMode::Audit;
     let reviewed = run(&tolerating_pod(), &policy).unwrap();
-    assert_eq!(reviewed.outcome, Decision::Audited);
+    assert_eq!(reviewed.outcome, ReviewOutcome::Audited);
     let response = answer(&reviewed);
     assert_eq!(response["allowed"], true);
     assert!(response.get("warnings").is_none());
@@ -200,7 +200,7 @@ fn templates_are_judged_at_create_and_at_updates_that_change_the_pod_spec() {
         &policy,
     )
     .unwrap();
-    assert_eq!(created.outcome, Decision::Denied);
+    assert_eq!(created.outcome, ReviewOutcome::Denied);
     let message = answer(&created)["status"]["message"]
         .as_str()
         .unwrap()
@@ -214,21 +214,30 @@ fn templates_are_judged_at_create_and_at_updates_that_change_the_pod_spec() {
     // An UPDATE adding the toleration is denied; one leaving it (scaling, relabelling) is not
     // judged, so a workload admitted before its namespace opted in stays manageable.
     let adding = deployment_review("UPDATE", tolerating.clone(), Some(plain.clone()));
-    assert_eq!(run(&adding, &policy).unwrap().outcome, Decision::Denied);
+    assert_eq!(
+        run(&adding, &policy).unwrap().outcome,
+        ReviewOutcome::Denied
+    );
     let unchanged = deployment_review("UPDATE", tolerating.clone(), Some(tolerating.clone()));
     let reviewed = run(&unchanged, &policy).unwrap();
     assert_eq!(
         (reviewed.outcome, reviewed.guard),
-        (Decision::Allowed, None)
+        (ReviewOutcome::Allowed, None)
     );
 
     // Subresources and deletions are not judged.
     let mut status = deployment_review("UPDATE", tolerating.clone(), Some(plain.clone()));
     status["request"]["subResource"] = json!("status");
-    assert_eq!(run(&status, &policy).unwrap().outcome, Decision::Allowed);
+    assert_eq!(
+        run(&status, &policy).unwrap().outcome,
+        ReviewOutcome::Allowed
+    );
     let mut deleting = adding.clone();
     deleting["request"]["object"]["metadata"]["deletionTimestamp"] = json!("2026-11-29T15:43:04Z");
-    assert_eq!(run(&deleting, &policy).unwrap().outcome, Decision::Allowed);
+    assert_eq!(
+        run(&deleting, &policy).unwrap().outcome,
+        ReviewOutcome::Allowed
+    );
 
     // The mutating webhook never judges.
     let view = StaticView::from_policy(&policy.guard.offline);
@@ -241,7 +250,10 @@ fn templates_are_judged_at_create_and_at_updates_that_change_the_pod_spec() {
         &view,
     )
     .unwrap();
-    assert_eq!((mutated.outcome, mutated.guard), (Decision::Allowed, None));
+    assert_eq!(
+        (mutated.outcome, mutated.guard),
+        (ReviewOutcome::Allowed, None)
+    );
 }
 
 #[test]
@@ -249,7 +261,7 @@ fn exempt_namespaces_are_counted_as_exempt() {
     let mut policy = Policy::embedded();
     policy.guard.exemptions.namespaces = vec!["gpu-lab".into()];
     let reviewed = run(&tolerating_pod(), &policy).unwrap();
-    assert_eq!(reviewed.outcome, Decision::Allowed);
+    assert_eq!(reviewed.outcome, ReviewOutcome::Allowed);
     assert_eq!(reviewed.guard.unwrap().outcome, "exempt");
 }
 
@@ -304,7 +316,7 @@ fn an_unsynced_cache_is_an_internal_error_only_when_a_lookup_is_needed() {
         &Unsynced,
     )
     .unwrap();
-    assert_eq!(pod.outcome, Decision::Denied);
+    assert_eq!(pod.outcome, ReviewOutcome::Denied);
     // A template without a class needs the global default.
     let body = deployment_review(
         "CREATE",
@@ -357,7 +369,7 @@ fn a_pod_update_adding_a_gpu_toleration_is_judged() {
     let old = fixture("016-Pod-CREATE-validate.json")["request"]["object"].clone();
     body["request"]["operation"] = json!("UPDATE");
     body["request"]["oldObject"] = old.clone();
-    assert_eq!(run(&body, &policy).unwrap().outcome, Decision::Denied);
+    assert_eq!(run(&body, &policy).unwrap().outcome, ReviewOutcome::Denied);
     // An UPDATE that leaves the pod spec alone (a label, say) is not judged again.
     let mut relabel = body.clone();
     relabel["request"]["oldObject"] = body["request"]["object"].clone();
@@ -365,6 +377,6 @@ fn a_pod_update_adding_a_gpu_toleration_is_judged() {
     let reviewed = run(&relabel, &policy).unwrap();
     assert_eq!(
         (reviewed.outcome, reviewed.guard),
-        (Decision::Allowed, None)
+        (ReviewOutcome::Allowed, None)
     );
 }

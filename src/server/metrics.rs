@@ -1,6 +1,7 @@
 //! Prometheus metrics of the webhook server. The registry is owned by the server's state (not a
 //! global), so tests read the same counters `/metrics` exposes.
 
+use crate::admission::Operation;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
@@ -261,12 +262,12 @@ pub fn kind_label(kind: &str) -> &'static str {
 }
 
 /// Bounds the `operation` label.
-pub fn operation_label(operation: &str) -> &'static str {
+pub fn operation_label(operation: &Operation) -> &'static str {
     match operation {
-        "CREATE" => "CREATE",
-        "UPDATE" => "UPDATE",
-        "DELETE" => "DELETE",
-        "CONNECT" => "CONNECT",
-        _ => "unknown",
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+        Operation::Unknown | Operation::Other(_) => "unknown",
     }
 }

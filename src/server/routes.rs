@@ -109,7 +109,7 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
                 kind = %reviewed.kind,
                 namespace = %reviewed.namespace,
                 name = %reviewed.name,
-                operation = %reviewed.operation,
+                operation = reviewed.operation.as_str(),
                 outcome = reviewed.outcome.as_str(),
                 patch_bytes = reviewed.patch_bytes,
                 latency_us = latency.as_micros() as u64,

@@ -38,7 +38,7 @@ pub enum Verdict {
     /// Nothing to object to.
     Allowed(Allowed),
     /// The workload targets GPU nodes below its minimum priority; `mode` says what to do.
-    Violation(Violation),
+    Violation(PriorityViolation),
 }
 
 /// Why a workload is allowed.
@@ -68,7 +68,7 @@ pub fn unjudged_message(class: &str) -> String {
 
 /// A workload that targets GPU nodes below its minimum priority.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
+pub struct PriorityViolation {
     /// What to do about it (the policy's mode for the namespace).
     pub mode: GuardMode,
     /// `Kind namespace/name`.
@@ -171,7 +171,7 @@ pub fn judge(
         }));
     }
     let name = workload.metadata.display_name();
-    Ok(Verdict::Violation(Violation {
+    Ok(Verdict::Violation(PriorityViolation {
         mode: guard.mode_for(namespace),
         subject: if namespace.is_empty() {
             format!("{} {name}", kind.as_str())
@@ -538,7 +538,7 @@ fn priority(
     }
 }
 
-impl Violation {
+impl PriorityViolation {
     /// The whole story in one message (a denial, an audit annotation, `gpu-guard check`):
     /// what targets GPU nodes, the priority found, the minimum and how to fix it.
     pub fn message(&self) -> String {

@@ -65,14 +65,14 @@ fn verdict(pod_spec: Value) -> Verdict {
     )
 }
 
-fn violation(pod_spec: Value) -> Violation {
+fn violation(pod_spec: Value) -> PriorityViolation {
     match verdict(pod_spec.clone()) {
         Verdict::Violation(violation) => violation,
         other => panic!("expected a violation for {pod_spec}, got {other:?}"),
     }
 }
 
-fn target_paths(violation: &Violation) -> Vec<String> {
+fn target_paths(violation: &PriorityViolation) -> Vec<String> {
     violation
         .targets
         .iter()

@@ -32,7 +32,7 @@
 //! ```
 
 mod change;
-pub mod failure_policy;
+mod failure_policy;
 pub mod job_view;
 pub mod object;
 pub mod patch;

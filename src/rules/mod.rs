@@ -6,4 +6,4 @@
 //! - [`names`]: Kubernetes name syntax (apimachinery `validation.IsQualifiedName` and friends).
 
 pub mod job;
-pub mod names;
+pub(crate) mod names;

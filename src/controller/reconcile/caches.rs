@@ -1,20 +1,21 @@
 //! The controller's caches: Nodes, Pods bound to a node and not finished, and opted-in
-//! Namespaces, each a kube reflector slimmed to what the node and pod decisions read.
+//! Namespaces, each a reflector started with the shared [`crate::cluster::reflector`] helper and
+//! slimmed to what the node and pod decisions read.
 
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Namespace, Node, NodeSpec, NodeStatus, Pod};
 use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::cluster::reflector::{Reflected, Watch};
 use crate::controller::NAMESPACE_OPT_IN_LABEL;
 
 /// The pods the controller caches.
@@ -39,7 +40,7 @@ impl Caches {
             "nodes",
             Api::<Node>::all(client.clone()),
             watcher::Config::default(),
-            slim_node,
+            keep_node_taints_devices_and_owner,
             &changed,
             &mut tasks,
         );
@@ -107,34 +108,21 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
     K: 'static,
 {
-    let (store, writer) = reflector::store::<K>();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(slim));
-    tasks.push(tokio::spawn(follow(resource, stream, changed.clone())).abort_handle());
-    store
+    let watch = Watch {
+        cache: "controller cache",
+        resource,
+        api,
+        config,
+        slim,
+        changed: Some(changed.clone()),
+    };
+    Reflected::start(watch, tasks).store().clone()
 }
 
-/// Drives a reflector stream: wakes the loop on each event, logs errors (kube's default backoff
-/// retries them). Polled through [`WatchStreamExt`]'s supertrait, as in [`crate::cluster`].
-async fn follow<S, K>(resource: &'static str, stream: S, changed: Arc<Notify>)
-where
-    S: WatchStreamExt<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    let mut stream = pin!(stream);
-    while let Some(item) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
-        match item {
-            Ok(_) => changed.notify_one(),
-            Err(error) => tracing::warn!(
-                resource,
-                %error,
-                "controller cache: watch error; retrying with backoff"
-            ),
-        }
-    }
-}
-
-/// Keeps what node decisions read: name, resourceVersion, annotations, taints, capacity and
-/// allocatable.
-fn slim_node(node: &mut Node) {
+/// Keeps what node decisions read and node patches need: name, uid, resourceVersion (the
+/// patches' precondition), annotations (gpu-guard's owner record), taints, capacity and
+/// allocatable (the device counts).
+fn keep_node_taints_devices_and_owner(node: &mut Node) {
     let full = std::mem::take(node);
     *node = Node {
         metadata: ObjectMeta {

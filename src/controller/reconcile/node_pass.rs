@@ -216,31 +216,25 @@ impl Reconciler {
             verdict.describe_degraded(),
             now.duration_since(since).as_secs()
         );
-        if self.dry_run() {
+        let note = if self.dry_run() {
             let note = format!("dry run: would taint {rendered}: {seen}");
             tracing::info!(node = %name, "{note}");
-            self.event(
-                &node_ref(node),
-                EventType::Warning,
-                REASON_DEGRADED,
-                "Taint",
-                note,
-            )
-            .await;
-            return Ok(true);
-        }
-        let patched = self
-            .patch_node(node, |current| {
-                (node::ownership(current) == Ownership::None)
-                    .then(|| node::add_taint_patch(current, &taint, now))
-            })
-            .await?;
-        if !patched {
-            tracing::info!(node = %name, "the node carries a {TAINT_KEY} taint already; not tainted again");
-            return Ok(false);
-        }
-        let note = format!("tainted {rendered}: {seen}");
-        tracing::warn!(node = %name, "{note}");
+            note
+        } else {
+            let patched = self
+                .patch_node(node, |current| {
+                    (node::ownership(current) == Ownership::None)
+                        .then(|| node::add_taint_patch(current, &taint, now))
+                })
+                .await?;
+            if !patched {
+                tracing::info!(node = %name, "the node carries a {TAINT_KEY} taint already; not tainted again");
+                return Ok(false);
+            }
+            let note = format!("tainted {rendered}: {seen}");
+            tracing::warn!(node = %name, "{note}");
+            note
+        };
         self.event(
             &node_ref(node),
             EventType::Warning,
@@ -259,31 +253,21 @@ impl Reconciler {
             .history
             .healthy_since
             .map_or_else(String::new, |since| format!(" since {since}"));
-        if self.dry_run() {
-            let note =
-                format!("dry run: would remove the {TAINT_KEY} taint: devices healthy{since}");
-            tracing::info!(node = %name, "{note}");
-            self.event(
-                &node_ref(node),
-                EventType::Normal,
-                REASON_RECOVERED,
-                "Untaint",
-                note,
-            )
-            .await;
-            return Ok(true);
-        }
-        let patched = self
-            .patch_node(node, |current| {
-                (node::ownership(current) == Ownership::Ours)
-                    .then(|| node::remove_taint_patch(current))
-            })
-            .await?;
-        if !patched {
-            tracing::info!(node = %name, "gpu-guard's taint is gone already");
-            return Ok(false);
-        }
-        let note = format!("removed the {TAINT_KEY} taint: devices healthy{since}");
+        let note = if self.dry_run() {
+            format!("dry run: would remove the {TAINT_KEY} taint: devices healthy{since}")
+        } else {
+            let patched = self
+                .patch_node(node, |current| {
+                    (node::ownership(current) == Ownership::Ours)
+                        .then(|| node::remove_taint_patch(current))
+                })
+                .await?;
+            if !patched {
+                tracing::info!(node = %name, "gpu-guard's taint is gone already");
+                return Ok(false);
+            }
+            format!("removed the {TAINT_KEY} taint: devices healthy{since}")
+        };
         tracing::info!(node = %name, "{note}");
         self.event(
             &node_ref(node),

@@ -165,60 +165,49 @@ impl Reconciler {
         self.ensure_leading()?;
         let (namespace, name) = pod_names(pod);
         let id = format!("{namespace}/{name}");
-        if self.dry_run() {
-            let note = format!("dry run: would evict: {}", cause.message());
-            tracing::info!(pod = %id, "{note}");
-            self.event(
-                &pod_ref(pod),
-                EventType::Warning,
-                REASON_EVICTED,
-                "Evict",
-                note,
-            )
-            .await;
-            return Ok(true);
-        }
-        let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
-        let eviction = Eviction {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            delete_options: None,
-        };
-        match api
-            .create_subresource::<Eviction, kube::core::Status>(
-                "eviction",
-                &name,
-                &PostParams::default(),
-                &eviction,
-            )
-            .await
-        {
-            Ok(_) => {
-                let note = format!(
+        let note = if self.dry_run() {
+            format!("dry run: would evict: {}", cause.message())
+        } else {
+            let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
+            let eviction = Eviction {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                delete_options: None,
+            };
+            match api
+                .create_subresource::<Eviction, kube::core::Status>(
+                    "eviction",
+                    &name,
+                    &PostParams::default(),
+                    &eviction,
+                )
+                .await
+            {
+                Ok(_) => format!(
                     "evicted so its Job recreates it on a healthy node: {}",
                     cause.message()
-                );
-                tracing::info!(pod = %id, "{note}");
-                self.event(
-                    &pod_ref(pod),
-                    EventType::Warning,
-                    REASON_EVICTED,
-                    "Evict",
-                    note,
-                )
-                .await;
-                Ok(true)
+                ),
+                Err(kube::Error::Api(status)) if status.code == 429 => {
+                    tracing::info!(pod = %id, message = %status.message,
+                        "eviction refused for now (a PodDisruptionBudget); retrying on a later pass");
+                    return Ok(false);
+                }
+                Err(error) => return Err(error.into()),
             }
-            Err(kube::Error::Api(status)) if status.code == 429 => {
-                tracing::info!(pod = %id, message = %status.message,
-                    "eviction refused for now (a PodDisruptionBudget); retrying on a later pass");
-                Ok(false)
-            }
-            Err(error) => Err(error.into()),
-        }
+        };
+        tracing::info!(pod = %id, "{note}");
+        self.event(
+            &pod_ref(pod),
+            EventType::Warning,
+            REASON_EVICTED,
+            "Evict",
+            note,
+        )
+        .await;
+        Ok(true)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The controller's caches: Nodes, Pods bound to a node and not finished, and opted-in
-//! Namespaces, each a reflector started with the shared [`crate::cluster::reflector`] helper and
+//! Namespaces, each a reflector started with the shared `crate::cluster::reflector` helper and
 //! slimmed to what the node and pod decisions read.
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! How fast the controller evicts: one [`TokenBucket`] for all evictions
-//! (`controller.pods.evictionsPerMinute`), and a [`Backoff`] per pod whose eviction a
+//! (`controller.pods.evictionsPerMinute`), and a `Backoff` per pod whose eviction a
 //! PodDisruptionBudget refused, so that pod waits on its own without holding up the others.
 
 use std::time::Duration;

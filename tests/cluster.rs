@@ -1,311 +1,24 @@
 //! The cluster caches against a fake API server on a loopback port: the real kube client,
 //! watcher and reflector code paths, over plain HTTP.
 //!
-//! The fake answers what kube's watcher asks: the list (`GET <collection>?limit=500`) with a
-//! `*List` carrying `metadata.resourceVersion`, and the watch
+//! The fake (`tests/support/fake_api.rs`, shared with the controller tests) answers what kube's
+//! watcher asks: the list (`GET <collection>?limit=500`) with a `*List` carrying
+//! `metadata.resourceVersion`, and the watch
 //! (`?watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=N`) as a stream of
 //! newline-delimited watch events that a test pushes. A test can hold lists or watches
 //! unanswered, end the watch streams, and read the log of requests.
 
 mod support;
-use support::{FakeBody, json_response};
 
-use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use gpu_guard::cluster::{self, CacheStatus, ClusterCache, ClusterError};
 use gpu_guard::guard::{ClusterView, KnownNode};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-
-const CLASSES: &str = "/apis/scheduling.k8s.io/v1/priorityclasses";
-const NODES: &str = "/api/v1/nodes";
-
-/// How long a test waits for the cache (or the fake) to reach an expected state.
-const DEADLINE: Duration = Duration::from_secs(10);
-
-// ---------------------------------------------------------------------------------------------
-// The fake API server
-
-/// One request the fake received.
-#[derive(Clone, Debug)]
-struct Logged {
-    path: String,
-    query: BTreeMap<String, String>,
-    authorization: Option<String>,
-}
-
-impl Logged {
-    fn is_watch(&self) -> bool {
-        self.query.get("watch").map(String::as_str) == Some("true")
-    }
-
-    fn param(&self, name: &str) -> Option<&str> {
-        self.query.get(name).map(String::as_str)
-    }
-}
-
-struct Collection {
-    kind: &'static str,
-    api_version: &'static str,
-    objects: BTreeMap<String, Value>,
-    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
-    /// Lists are answered while true.
-    lists_open: watch::Sender<bool>,
-    /// Watches are answered while true.
-    watches_open: watch::Sender<bool>,
-}
-
-impl Collection {
-    fn new(kind: &'static str, api_version: &'static str) -> Self {
-        Self {
-            kind,
-            api_version,
-            objects: BTreeMap::new(),
-            watchers: Vec::new(),
-            lists_open: watch::Sender::new(true),
-            watches_open: watch::Sender::new(true),
-        }
-    }
-}
-
-struct State {
-    resource_version: u64,
-    collections: HashMap<&'static str, Collection>,
-    requests: Vec<Logged>,
-}
-
-#[derive(Clone)]
-struct Fake {
-    addr: SocketAddr,
-    state: Arc<Mutex<State>>,
-}
-
-impl Fake {
-    async fn start() -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let collections = HashMap::from([
-            (
-                CLASSES,
-                Collection::new("PriorityClass", "scheduling.k8s.io/v1"),
-            ),
-            (NODES, Collection::new("Node", "v1")),
-        ]);
-        let fake = Fake {
-            addr,
-            state: Arc::new(Mutex::new(State {
-                resource_version: 1,
-                collections,
-                requests: Vec::new(),
-            })),
-        };
-        let server = fake.clone();
-        support::serve(listener, move |request| server.clone().handle(request));
-        fake
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().expect("fake state")
-    }
-
-    async fn handle(self, request: Request<Incoming>) -> Result<Response<FakeBody>, Infallible> {
-        let path = request.uri().path().to_owned();
-        let query: BTreeMap<String, String> = request
-            .uri()
-            .query()
-            .unwrap_or_default()
-            .split('&')
-            .filter(|pair| !pair.is_empty())
-            .map(|pair| match pair.split_once('=') {
-                Some((key, value)) => (key.to_owned(), value.to_owned()),
-                None => (pair.to_owned(), String::new()),
-            })
-            .collect();
-        let logged = Logged {
-            path: path.clone(),
-            query,
-            authorization: request
-                .headers()
-                .get("authorization")
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_owned),
-        };
-        let watch = logged.is_watch();
-
-        let gate = {
-            let mut state = self.lock();
-            state.requests.push(logged);
-            let Some(collection) = state.collections.get(path.as_str()) else {
-                return Ok(json_response(
-                    StatusCode::NOT_FOUND,
-                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                            "reason": "NotFound", "code": 404}),
-                ));
-            };
-            if watch {
-                collection.watches_open.subscribe()
-            } else {
-                collection.lists_open.subscribe()
-            }
-        };
-        let mut gate = gate;
-        let _ = gate.wait_for(|open| *open).await;
-
-        let mut state = self.lock();
-        let resource_version = state.resource_version;
-        let Some(collection) = state.collections.get_mut(path.as_str()) else {
-            unreachable!("checked above");
-        };
-        if watch {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            collection.watchers.push(sender);
-            let response = Response::builder()
-                .header("content-type", "application/json")
-                .body(FakeBody::Stream(receiver))
-                .expect("response");
-            Ok(response)
-        } else {
-            let list = json!({
-                "kind": format!("{}List", collection.kind),
-                "apiVersion": collection.api_version,
-                "metadata": {"resourceVersion": resource_version.to_string()},
-                "items": collection.objects.values().collect::<Vec<_>>(),
-            });
-            Ok(json_response(StatusCode::OK, &list))
-        }
-    }
-
-    /// Puts `object` into the collection, silently (as the next list will show it).
-    fn set(&self, path: &str, mut object: Value) -> String {
-        let mut state = self.lock();
-        state.resource_version += 1;
-        let resource_version = state.resource_version.to_string();
-        object["metadata"]["resourceVersion"] = json!(resource_version);
-        let name = object["metadata"]["name"]
-            .as_str()
-            .expect("object name")
-            .to_owned();
-        state
-            .collections
-            .get_mut(path)
-            .expect("collection")
-            .objects
-            .insert(name, object);
-        resource_version
-    }
-
-    /// Takes `name` out of the collection, silently.
-    fn remove(&self, path: &str, name: &str) {
-        let mut state = self.lock();
-        state.resource_version += 1;
-        state
-            .collections
-            .get_mut(path)
-            .expect("collection")
-            .objects
-            .remove(name);
-    }
-
-    /// Applies an ADDED, MODIFIED or DELETED event to the collection and sends it to the open
-    /// watches; returns the event's resourceVersion.
-    fn event(&self, path: &str, kind: &str, object: Value) -> String {
-        let resource_version = self.set(path, object.clone());
-        let mut state = self.lock();
-        let collection = state.collections.get_mut(path).expect("collection");
-        let name = object["metadata"]["name"]
-            .as_str()
-            .expect("object name")
-            .to_owned();
-        let mut object = collection.objects[&name].clone();
-        if kind == "DELETED" {
-            collection.objects.remove(&name);
-        }
-        object["metadata"]["resourceVersion"] = json!(resource_version);
-        send(collection, &json!({"type": kind, "object": object}));
-        resource_version
-    }
-
-    /// Sends an ERROR event with `code` (410: the resourceVersion is too old) to the open watches.
-    fn error_event(&self, path: &str, code: u16) {
-        let mut state = self.lock();
-        let collection = state.collections.get_mut(path).expect("collection");
-        send(
-            collection,
-            &json!({"type": "ERROR", "object": {
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": "too old resource version", "reason": "Expired", "code": code}}),
-        );
-    }
-
-    /// Ends the open watch streams (cleanly, as an API server does on its watch timeout).
-    fn end_watches(&self, path: &str) {
-        self.lock()
-            .collections
-            .get_mut(path)
-            .expect("collection")
-            .watchers
-            .clear();
-    }
-
-    fn hold_lists(&self, path: &str, hold: bool) {
-        let state = self.lock();
-        state.collections[path].lists_open.send_replace(!hold);
-    }
-
-    fn hold_watches(&self, path: &str, hold: bool) {
-        let state = self.lock();
-        state.collections[path].watches_open.send_replace(!hold);
-    }
-
-    /// Watch streams of `path` still read by a client.
-    fn open_watches(&self, path: &str) -> usize {
-        let state = self.lock();
-        state.collections[path]
-            .watchers
-            .iter()
-            .filter(|watcher| !watcher.is_closed())
-            .count()
-    }
-
-    fn requests(&self) -> Vec<Logged> {
-        self.lock().requests.clone()
-    }
-
-    fn lists(&self, path: &str) -> Vec<Logged> {
-        self.requests()
-            .into_iter()
-            .filter(|request| request.path == path && !request.is_watch())
-            .collect()
-    }
-
-    fn watches(&self, path: &str) -> Vec<Logged> {
-        self.requests()
-            .into_iter()
-            .filter(|request| request.path == path && request.is_watch())
-            .collect()
-    }
-}
-
-fn send(collection: &mut Collection, event: &Value) {
-    let mut line = serde_json::to_vec(event).expect("event JSON");
-    line.push(b'\n');
-    let line = Bytes::from(line);
-    collection
-        .watchers
-        .retain(|watcher| watcher.send(line.clone()).is_ok());
-}
+use support::fake_api::{CLASSES, Fake, NODES};
+use support::{DEADLINE, eventually};
 
 // ---------------------------------------------------------------------------------------------
 // Objects and helpers
@@ -356,24 +69,6 @@ fn gpu_node(name: &str, gpus: &str) -> Value {
     })
 }
 
-fn kube_client(fake: &Fake) -> kube::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = kube::Config::new(fake.url().parse().expect("fake URL"));
-    kube::Client::try_from(config).expect("kube client")
-}
-
-/// Polls `check` until it holds, failing the test after [`DEADLINE`].
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {DEADLINE:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn node_object(cache: &ClusterCache, name: &str) -> Option<Arc<Node>> {
     match cache.node(name)? {
         KnownNode::Object(node) => Some(node),
@@ -404,7 +99,7 @@ async fn synced_cache() -> (Fake, ClusterCache) {
     fake.set(CLASSES, priority_class("batch", 500, false));
     fake.set(CLASSES, priority_class("stale", 1, false));
     fake.set(NODES, gpu_node("gpu-1", "8"));
-    let cache = ClusterCache::start(kube_client(&fake));
+    let cache = ClusterCache::start(fake.client());
     assert!(cache.wait_synced(DEADLINE).await, "the cache did not sync");
     eventually("both watches open", || {
         fake.open_watches(CLASSES) == 1 && fake.open_watches(NODES) == 1
@@ -426,7 +121,7 @@ async fn synced_only_after_both_lists_then_answers_from_the_cache() {
     fake.hold_lists(CLASSES, true);
     fake.hold_lists(NODES, true);
 
-    let cache = ClusterCache::start(kube_client(&fake));
+    let cache = ClusterCache::start(fake.client());
     eventually("both lists requested", || {
         fake.lists(CLASSES).len() == 1 && fake.lists(NODES).len() == 1
     })

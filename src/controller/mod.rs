@@ -15,9 +15,6 @@ pub mod pod;
 pub mod reconcile;
 pub mod run;
 
-// TODO(merge): the reconciler still takes these two names from here.
-pub(crate) use crate::wellknown::{ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL, EVENT_REPORTER};
-
 /// The read and write timeout of the clients that write (Lease, taints, pod conditions,
 /// evictions, Events): a request the API server does not answer fails instead of hanging.
 pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

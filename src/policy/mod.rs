@@ -32,9 +32,8 @@ pub use load::{PolicyError, PolicyProblem, load, parse};
 
 pub use controller::{Controller, NodeHealth, PodWatcher, UnusableThreshold};
 
+use crate::wellknown::DEVICE_FAILURE_CONDITION;
 use crate::wellknown::{POLICY_API_VERSION, POLICY_KIND};
-// TODO(merge): the controller still names the condition here; it moves to wellknown.
-pub use crate::wellknown::DEVICE_FAILURE_CONDITION;
 
 /// The source of the embedded default policy.
 pub const EMBEDDED_SOURCE: &str = include_str!("../../policies/default.yaml");

@@ -1,0 +1,422 @@
+//! PURE: is a GPU node degraded, and what should happen to its taint? No IO, no clock: the
+//! time and the node's history are arguments, so every edge is a table test.
+//!
+//! A node is judged per device resource (`policy.devices`): unusable devices are
+//! `status.capacity - status.allocatable` (the device plugin takes an unhealthy device out of
+//! allocatable). A node missing either field for a resource, or with a quantity that is not a
+//! whole number, is not judged for it.
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+
+use crate::policy::Policy;
+use crate::rules::names::label_value_errors;
+use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+
+/// One device resource of a node, as its status reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceCount {
+    pub resource: String,
+    pub capacity: u64,
+    pub allocatable: u64,
+}
+
+impl DeviceCount {
+    /// Devices the node has but cannot hand out.
+    pub fn unusable(&self) -> u64 {
+        self.capacity.saturating_sub(self.allocatable)
+    }
+}
+
+/// What the controller remembers of a node between passes (in memory; rebuilt conservatively
+/// after a restart: an empty history only delays decisions by the configured times).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeHistory {
+    /// Since when the threshold has been reached without a break.
+    pub degraded_since: Option<Timestamp>,
+    /// Since when a node gpu-guard tainted has been below the threshold.
+    pub healthy_since: Option<Timestamp>,
+    /// Dry run: the controller acts as if it had added its taint (it did not).
+    pub assumed_tainted: bool,
+}
+
+/// What should happen to a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaintDecision {
+    /// No device resource to judge (no capacity and allocatable for one): not a GPU node.
+    NotJudged,
+    /// Below the threshold and not tainted by gpu-guard.
+    Healthy,
+    /// The threshold is reached, not for long enough yet.
+    Degrading { taint_at: Timestamp },
+    /// The threshold has held for `degradedForSeconds`: add the taint.
+    Taint,
+    /// Tainted by gpu-guard and still degraded.
+    Tainted,
+    /// Tainted by gpu-guard and healthy again, not for long enough yet.
+    Recovering { untaint_at: Timestamp },
+    /// Healthy for `healthyForSeconds`: remove gpu-guard's taint.
+    Untaint,
+    /// Someone else put a `gpu-guard.io/device-degraded` taint on the node: it is theirs, and
+    /// gpu-guard neither adds nor removes one here.
+    ForeignTaint,
+}
+
+/// A node's verdict: the decision, what was seen, and the history to keep for the next pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeVerdict {
+    pub decision: TaintDecision,
+    /// Every judged device resource, by name.
+    pub devices: Vec<DeviceCount>,
+    /// The resources at or past the threshold.
+    pub degraded: Vec<DeviceCount>,
+    pub history: NodeHistory,
+}
+
+impl NodeVerdict {
+    /// Whether the node has at least one device resource to judge.
+    pub fn is_gpu_node(&self) -> bool {
+        !self.devices.is_empty()
+    }
+
+    /// What was seen, for Events and the log: `2 of 8 nvidia.com/gpu unusable (allocatable 6)`.
+    pub fn describe_degraded(&self) -> String {
+        describe(&self.degraded)
+    }
+}
+
+fn describe(devices: &[DeviceCount]) -> String {
+    devices
+        .iter()
+        .map(|device| {
+            format!(
+                "{} of {} {} unusable (allocatable {})",
+                device.unusable(),
+                device.capacity,
+                device.resource,
+                device.allocatable
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Judges one node. `history` is what the previous pass returned (empty at first).
+pub fn node_verdict(
+    node: &Node,
+    policy: &Policy,
+    now: Timestamp,
+    history: &NodeHistory,
+) -> NodeVerdict {
+    let devices = device_counts(node, policy);
+    let degraded: Vec<DeviceCount> = devices
+        .iter()
+        .filter(|device| threshold_reached(device, policy))
+        .cloned()
+        .collect();
+    let ownership = ownership(node);
+    let owned = ownership == Ownership::Ours || history.assumed_tainted;
+    let health = &policy.controller.node_health;
+    let mut next = NodeHistory {
+        assumed_tainted: history.assumed_tainted,
+        ..NodeHistory::default()
+    };
+    let decision = if ownership == Ownership::Foreign {
+        TaintDecision::ForeignTaint
+    } else if !degraded.is_empty() {
+        // After a restart the history is empty: a node gpu-guard tainted has been degraded at
+        // least since its taint was added (the owner annotation).
+        let since = history
+            .degraded_since
+            .or_else(|| {
+                let restarted = history.healthy_since.is_none();
+                (restarted && ownership == Ownership::Ours)
+                    .then(|| tainted_since(node))
+                    .flatten()
+            })
+            .unwrap_or(now);
+        next.degraded_since = Some(since);
+        let taint_at = later(since, health.degraded_for_seconds);
+        if owned {
+            TaintDecision::Tainted
+        } else if now >= taint_at {
+            TaintDecision::Taint
+        } else {
+            TaintDecision::Degrading { taint_at }
+        }
+    } else if owned {
+        let since = history.healthy_since.unwrap_or(now);
+        next.healthy_since = Some(since);
+        let untaint_at = later(since, health.healthy_for_seconds);
+        if now >= untaint_at {
+            TaintDecision::Untaint
+        } else {
+            TaintDecision::Recovering { untaint_at }
+        }
+    } else if devices.is_empty() {
+        TaintDecision::NotJudged
+    } else {
+        TaintDecision::Healthy
+    };
+    NodeVerdict {
+        decision,
+        devices,
+        degraded,
+        history: next,
+    }
+}
+
+/// `seconds` after `since`, saturating at the end of time (never a panic: an owner annotation
+/// near year 9999 or a huge setting must not kill the loop).
+pub fn later(since: Timestamp, seconds: u64) -> Timestamp {
+    i64::try_from(seconds)
+        .ok()
+        .and_then(|seconds| since.checked_add(SignedDuration::from_secs(seconds)).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
+/// Whether one resource's unusable devices reach the policy's threshold.
+pub fn threshold_reached(device: &DeviceCount, policy: &Policy) -> bool {
+    let unusable = device.unusable();
+    if unusable == 0 {
+        return false;
+    }
+    let threshold = &policy.controller.node_health.unusable_devices;
+    let by_count = threshold
+        .count
+        .is_some_and(|count| unusable >= u64::from(count));
+    let by_percent = threshold.percent.is_some_and(|percent| {
+        device.capacity > 0
+            && u128::from(unusable) * 100 >= u128::from(percent) * u128::from(device.capacity)
+    });
+    by_count || by_percent
+}
+
+/// The node's device resources with a whole-number capacity and allocatable, by name.
+pub fn device_counts(node: &Node, policy: &Policy) -> Vec<DeviceCount> {
+    let Some(status) = &node.status else {
+        return Vec::new();
+    };
+    let (Some(capacity), Some(allocatable)) = (&status.capacity, &status.allocatable) else {
+        return Vec::new();
+    };
+    capacity
+        .iter()
+        .filter(|(resource, _)| policy.devices.is_device_resource(resource))
+        .filter_map(|(resource, quantity)| {
+            let capacity = parse_count(&quantity.0)?;
+            let allocatable = parse_count(&allocatable.get(resource)?.0)?;
+            (capacity > 0).then(|| DeviceCount {
+                resource: resource.clone(),
+                capacity,
+                allocatable,
+            })
+        })
+        .collect()
+}
+
+/// A device count: a whole number, optionally with a decimal suffix (`8`, `1k`). Anything else
+/// (fractions, `500m`, garbage) is unknown.
+pub fn parse_count(quantity: &str) -> Option<u64> {
+    let quantity = quantity.trim();
+    let (digits, factor) = match quantity.strip_suffix('k') {
+        Some(digits) => (digits, 1000),
+        None => (quantity, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(factor)
+}
+
+/// What the owner annotation records: when gpu-guard added its taint, and which taint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerRecord {
+    pub since: Timestamp,
+    pub value: String,
+    pub effect: String,
+}
+
+impl OwnerRecord {
+    /// The annotation value: `<RFC 3339 time>;<value>:<effect>`.
+    pub fn annotation(taint: &Taint, since: Timestamp) -> String {
+        format!(
+            "{since};{}:{}",
+            taint.value.as_deref().unwrap_or_default(),
+            taint.effect
+        )
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let (since, taint) = text.split_once(';')?;
+        let (value, effect) = taint.rsplit_once(':')?;
+        Some(Self {
+            since: since.parse().ok()?,
+            value: value.to_owned(),
+            effect: effect.to_owned(),
+        })
+    }
+
+    /// Whether `taint` is exactly the one recorded (key, value and effect).
+    pub fn matches(&self, taint: &Taint) -> bool {
+        taint.key == DEGRADED_TAINT_KEY
+            && taint.value.as_deref().unwrap_or_default() == self.value
+            && taint.effect == self.effect
+    }
+}
+
+fn annotation(node: &Node) -> Option<&String> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(DEGRADED_OWNER_ANNOTATION)
+}
+
+/// The node's owner annotation, if it has one that parses.
+pub fn owner_record(node: &Node) -> Option<OwnerRecord> {
+    OwnerRecord::parse(annotation(node)?)
+}
+
+/// gpu-guard's own taint on the node: the one its owner annotation records.
+fn our_taint(node: &Node) -> Option<&Taint> {
+    let record = owner_record(node)?;
+    taints(node).iter().find(|taint| record.matches(taint))
+}
+
+/// When gpu-guard tainted the node, from its owner annotation (only while its taint is there).
+pub fn tainted_since(node: &Node) -> Option<Timestamp> {
+    our_taint(node)?;
+    owner_record(node).map(|record| record.since)
+}
+
+/// Whether the node carries the owner annotation without the taint it records (someone removed
+/// the taint, or the annotation does not parse): the annotation is to be removed, alone.
+pub fn stale_annotation(node: &Node) -> bool {
+    annotation(node).is_some() && our_taint(node).is_none()
+}
+
+/// Who owns the node's `gpu-guard.io/device-degraded` taint, if it has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    None,
+    Ours,
+    Foreign,
+}
+
+/// Whether the node carries gpu-guard's taint (the exact taint its owner annotation records),
+/// someone else's taint with that key, or none.
+pub fn ownership(node: &Node) -> Ownership {
+    if our_taint(node).is_some() {
+        Ownership::Ours
+    } else if taints(node)
+        .iter()
+        .any(|taint| taint.key == DEGRADED_TAINT_KEY)
+    {
+        Ownership::Foreign
+    } else {
+        Ownership::None
+    }
+}
+
+fn taints(node: &Node) -> &[Taint] {
+    node.spec
+        .as_ref()
+        .and_then(|spec| spec.taints.as_deref())
+        .unwrap_or_default()
+}
+
+/// The taint value for a resource: its name with `/` written `_` (a taint value is a label
+/// value, which cannot hold `/`), or, when that is not a valid label value (too long), the
+/// name after the `/`.
+pub fn taint_value(resource: &str) -> String {
+    let encoded = resource.replace('/', "_");
+    if label_value_errors(&encoded).is_empty() {
+        encoded
+    } else {
+        resource
+            .rsplit_once('/')
+            .map_or(resource, |(_, name)| name)
+            .to_owned()
+    }
+}
+
+/// The taint gpu-guard adds for `resource`.
+pub fn degraded_taint(resource: &str, no_execute: bool) -> Taint {
+    Taint {
+        key: DEGRADED_TAINT_KEY.to_owned(),
+        value: Some(taint_value(resource)),
+        effect: if no_execute {
+            "NoExecute"
+        } else {
+            "NoSchedule"
+        }
+        .to_owned(),
+        time_added: None,
+    }
+}
+
+/// The JSON merge patch that adds gpu-guard's taint: the node's whole taint list (the list has
+/// no merge key, so a patch replaces it) with the new taint appended, the owner annotation, and
+/// the node's `resourceVersion`, so that a concurrent change of the node makes the API server
+/// answer 409 Conflict instead of losing the other writer's taints.
+pub fn add_taint_patch(node: &Node, taint: &Taint, now: Timestamp) -> Value {
+    let mut list: Vec<Taint> = taints(node).to_vec();
+    list.push(taint.clone());
+    json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {DEGRADED_OWNER_ANNOTATION: OwnerRecord::annotation(taint, now)},
+        },
+        "spec": {"taints": list},
+    })
+}
+
+/// The JSON merge patch that removes gpu-guard's taint (exactly the one its owner annotation
+/// records: another taint with the same key, someone else's, stays) and its owner annotation,
+/// with the node's `resourceVersion` (see [`add_taint_patch`]).
+pub fn remove_taint_patch(node: &Node) -> Value {
+    let record = owner_record(node);
+    let list: Vec<&Taint> = taints(node)
+        .iter()
+        .filter(|existing| !record.as_ref().is_some_and(|r| r.matches(existing)))
+        .collect();
+    json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {DEGRADED_OWNER_ANNOTATION: null},
+        },
+        "spec": {"taints": list},
+    })
+}
+
+/// The JSON merge patch that removes only a stale owner annotation (see [`stale_annotation`]),
+/// with the node's `resourceVersion`.
+pub fn clear_annotation_patch(node: &Node) -> Value {
+    json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {DEGRADED_OWNER_ANNOTATION: null},
+        },
+    })
+}
+
+/// The safety valve: how many GPU nodes gpu-guard may hold tainted at once. `maxTaintedPercent`
+/// of the GPU nodes, rounded down, but at least one (a small cluster must still be protected);
+/// none when the percentage is 0.
+pub fn taint_limit(gpu_nodes: usize, policy: &Policy) -> usize {
+    let percent = u128::from(policy.controller.node_health.max_tainted_percent);
+    if percent == 0 {
+        return 0;
+    }
+    let limit = (gpu_nodes as u128).saturating_mul(percent) / 100;
+    usize::try_from(limit).unwrap_or(usize::MAX).max(1)
+}
+
+/// Whether one more node may be tainted while `tainted` of `gpu_nodes` are.
+pub fn may_taint(gpu_nodes: usize, tainted: usize, policy: &Policy) -> bool {
+    tainted < taint_limit(gpu_nodes, policy)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,619 @@
+//! Table tests of the node verdicts, ownership and taint patches ([`super`]).
+
+use std::collections::BTreeMap;
+
+use super::*;
+use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+}
+
+fn quantities(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Quantity>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+            .collect(),
+    )
+}
+
+fn node_status(capacity: Option<&str>, allocatable: Option<&str>) -> Option<NodeStatus> {
+    Some(NodeStatus {
+        capacity: capacity.and_then(|c| quantities(&[("cpu", "64"), ("nvidia.com/gpu", c)])),
+        allocatable: allocatable.and_then(|a| quantities(&[("cpu", "63"), ("nvidia.com/gpu", a)])),
+        ..NodeStatus::default()
+    })
+}
+
+/// A node with `capacity`/`allocatable` GPUs (None: the field is missing).
+fn node(capacity: Option<&str>, allocatable: Option<&str>) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some("gpu-1".to_owned()),
+            resource_version: Some("7".to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: node_status(capacity, allocatable),
+    }
+}
+
+fn with_taint(mut node: Node, taint: Taint, ours: bool) -> Node {
+    node.spec
+        .get_or_insert_with(NodeSpec::default)
+        .taints
+        .get_or_insert_with(Vec::new)
+        .push(taint);
+    if ours {
+        node.metadata.annotations = Some(
+            [(
+                DEGRADED_OWNER_ANNOTATION.to_owned(),
+                OwnerRecord::annotation(
+                    node.spec
+                        .as_ref()
+                        .unwrap()
+                        .taints
+                        .as_ref()
+                        .unwrap()
+                        .last()
+                        .unwrap(),
+                    at(0),
+                ),
+            )]
+            .into_iter()
+            .collect(),
+        );
+    }
+    node
+}
+
+fn ours(node: Node) -> Node {
+    with_taint(node, degraded_taint("nvidia.com/gpu", false), true)
+}
+
+fn policy() -> Policy {
+    let mut policy = Policy::default();
+    policy.controller.node_health.degraded_for_seconds = 120;
+    policy.controller.node_health.healthy_for_seconds = 600;
+    policy
+}
+
+fn history(degraded: Option<i64>, healthy: Option<i64>) -> NodeHistory {
+    NodeHistory {
+        degraded_since: degraded.map(at),
+        healthy_since: healthy.map(at),
+        assumed_tainted: false,
+    }
+}
+
+#[test]
+fn counts_parse_whole_numbers_only() {
+    for (text, expected) in [
+        ("8", Some(8)),
+        (" 8 ", Some(8)),
+        ("0", Some(0)),
+        ("1k", Some(1000)),
+        ("", None),
+        ("8.5", None),
+        ("500m", None),
+        ("-1", None),
+        ("1Ki", None),
+        ("eight", None),
+        ("99999999999999999999999", None),
+    ] {
+        assert_eq!(parse_count(text), expected, "{text:?}");
+    }
+}
+
+#[test]
+fn thresholds_by_count_and_percent() {
+    // (capacity, allocatable, count, percent, degraded)
+    let table = [
+        (8, 8, Some(1), None, false),
+        (8, 7, Some(1), None, true),
+        (8, 7, Some(2), None, false),
+        (8, 6, Some(2), None, true),
+        (8, 9, Some(1), None, false), // allocatable above capacity: nothing unusable
+        (8, 6, None, Some(25), true), // exactly 25 %
+        (8, 7, None, Some(25), false), // 12.5 %
+        (8, 7, Some(3), Some(10), true), // either bound is enough
+        (8, 7, Some(1), Some(50), true),
+        (8, 8, None, Some(1), false), // zero unusable never degrades
+        (1, 0, None, Some(100), true),
+    ];
+    for (capacity, allocatable, count, percent, expected) in table {
+        let mut policy = policy();
+        policy.controller.node_health.unusable_devices.count = count;
+        policy.controller.node_health.unusable_devices.percent = percent;
+        let device = DeviceCount {
+            resource: "nvidia.com/gpu".to_owned(),
+            capacity,
+            allocatable,
+        };
+        assert_eq!(
+            threshold_reached(&device, &policy),
+            expected,
+            "{capacity}/{allocatable} count {count:?} percent {percent:?}"
+        );
+    }
+}
+
+/// (name, node, history, now, decision, next degraded_since, next healthy_since)
+type Row = (
+    &'static str,
+    Node,
+    NodeHistory,
+    i64,
+    TaintDecision,
+    Option<i64>,
+    Option<i64>,
+);
+
+#[test]
+fn decisions_over_time_with_hysteresis() {
+    use TaintDecision::*;
+    let degraded = node(Some("8"), Some("7"));
+    let healthy = node(Some("8"), Some("8"));
+    // (node, history, now, decision, next degraded_since, next healthy_since)
+    let table: Vec<Row> = vec![
+        (
+            "healthy",
+            healthy.clone(),
+            history(None, None),
+            0,
+            Healthy,
+            None,
+            None,
+        ),
+        (
+            "first seen degraded",
+            degraded.clone(),
+            history(None, None),
+            0,
+            Degrading { taint_at: at(120) },
+            Some(0),
+            None,
+        ),
+        (
+            "degraded 119 s",
+            degraded.clone(),
+            history(Some(0), None),
+            119,
+            Degrading { taint_at: at(120) },
+            Some(0),
+            None,
+        ),
+        (
+            "degraded 120 s: taint",
+            degraded.clone(),
+            history(Some(0), None),
+            120,
+            Taint,
+            Some(0),
+            None,
+        ),
+        (
+            "a dip below the threshold restarts the clock",
+            healthy.clone(),
+            history(Some(0), None),
+            100,
+            Healthy,
+            None,
+            None,
+        ),
+        (
+            "tainted and degraded",
+            ours(degraded.clone()),
+            history(Some(0), None),
+            500,
+            Tainted,
+            Some(0),
+            None,
+        ),
+        (
+            "after a restart a tainted degraded node is degraded since its taint",
+            ours(degraded.clone()),
+            history(None, None),
+            5000,
+            Tainted,
+            Some(0),
+            None,
+        ),
+        (
+            "tainted, healthy again",
+            ours(healthy.clone()),
+            history(Some(0), None),
+            500,
+            Recovering {
+                untaint_at: at(1100),
+            },
+            None,
+            Some(500),
+        ),
+        (
+            "tainted, healthy 599 s",
+            ours(healthy.clone()),
+            history(None, Some(500)),
+            1099,
+            Recovering {
+                untaint_at: at(1100),
+            },
+            None,
+            Some(500),
+        ),
+        (
+            "tainted, healthy 600 s: untaint",
+            ours(healthy.clone()),
+            history(None, Some(500)),
+            1100,
+            Untaint,
+            None,
+            Some(500),
+        ),
+        (
+            "degraded again while recovering: the recovery clock restarts",
+            ours(degraded.clone()),
+            history(None, Some(500)),
+            1000,
+            Tainted,
+            Some(1000),
+            None,
+        ),
+        (
+            "after a restart (no history) a tainted healthy node waits the full time",
+            ours(healthy.clone()),
+            history(None, None),
+            5000,
+            Recovering {
+                untaint_at: at(5600),
+            },
+            None,
+            Some(5000),
+        ),
+        (
+            "someone else's taint with gpu-guard's key is left alone",
+            with_taint(
+                healthy.clone(),
+                degraded_taint("nvidia.com/gpu", false),
+                false,
+            ),
+            history(None, Some(0)),
+            9999,
+            ForeignTaint,
+            None,
+            None,
+        ),
+        (
+            "someone else's taint on a degraded node: not tainted again",
+            with_taint(
+                degraded.clone(),
+                degraded_taint("nvidia.com/gpu", false),
+                false,
+            ),
+            history(Some(0), None),
+            9999,
+            ForeignTaint,
+            None,
+            None,
+        ),
+        (
+            "other taints do not make the node gpu-guard's",
+            with_taint(
+                healthy.clone(),
+                super::Taint {
+                    key: "nvidia.com/gpu".to_owned(),
+                    value: Some("present".to_owned()),
+                    effect: "NoSchedule".to_owned(),
+                    time_added: None,
+                },
+                false,
+            ),
+            history(None, None),
+            0,
+            Healthy,
+            None,
+            None,
+        ),
+        (
+            "no capacity: not judged",
+            node(None, Some("7")),
+            history(None, None),
+            0,
+            NotJudged,
+            None,
+            None,
+        ),
+        (
+            "no allocatable: not judged",
+            node(Some("8"), None),
+            history(Some(0), None),
+            500,
+            NotJudged,
+            None,
+            None,
+        ),
+        (
+            "unparsable capacity: not judged",
+            node(Some("lots"), Some("7")),
+            history(None, None),
+            0,
+            NotJudged,
+            None,
+            None,
+        ),
+        (
+            "zero capacity: not judged",
+            node(Some("0"), Some("0")),
+            history(None, None),
+            0,
+            NotJudged,
+            None,
+            None,
+        ),
+        (
+            "missing fields on a node gpu-guard tainted count as healthy",
+            ours(node(Some("8"), None)),
+            history(None, None),
+            0,
+            Recovering {
+                untaint_at: at(600),
+            },
+            None,
+            Some(0),
+        ),
+    ];
+    for (name, node, before, now, decision, degraded_since, healthy_since) in table {
+        let verdict = node_verdict(&node, &policy(), at(now), &before);
+        assert_eq!(verdict.decision, decision, "{name}");
+        assert_eq!(
+            verdict.history.degraded_since,
+            degraded_since.map(at),
+            "{name}"
+        );
+        assert_eq!(
+            verdict.history.healthy_since,
+            healthy_since.map(at),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn dry_run_assumes_its_own_taint() {
+    let mut before = history(Some(0), None);
+    before.assumed_tainted = true;
+    let degraded = node(Some("8"), Some("7"));
+    let verdict = node_verdict(&degraded, &policy(), at(200), &before);
+    assert_eq!(verdict.decision, TaintDecision::Tainted);
+    assert!(verdict.history.assumed_tainted);
+    let healthy = node(Some("8"), Some("8"));
+    let verdict = node_verdict(&healthy, &policy(), at(200), &before);
+    assert_eq!(
+        verdict.decision,
+        TaintDecision::Recovering {
+            untaint_at: at(800)
+        }
+    );
+}
+
+#[test]
+fn only_configured_device_resources_are_judged() {
+    let mut node = node(Some("8"), Some("8"));
+    let status = node.status.as_mut().unwrap();
+    status
+        .capacity
+        .as_mut()
+        .unwrap()
+        .extend(quantities(&[("example.com/fpga", "4"), ("nvidia.com/mig-1g.5gb", "7")]).unwrap());
+    status
+        .allocatable
+        .as_mut()
+        .unwrap()
+        .extend(quantities(&[("example.com/fpga", "0"), ("nvidia.com/mig-1g.5gb", "5")]).unwrap());
+    let verdict = node_verdict(&node, &policy(), at(0), &NodeHistory::default());
+    let judged: Vec<&str> = verdict
+        .devices
+        .iter()
+        .map(|d| d.resource.as_str())
+        .collect();
+    assert_eq!(judged, ["nvidia.com/gpu", "nvidia.com/mig-1g.5gb"]);
+    assert_eq!(
+        verdict.describe_degraded(),
+        "2 of 7 nvidia.com/mig-1g.5gb unusable (allocatable 5)"
+    );
+}
+
+#[test]
+fn the_safety_valve() {
+    // (gpu nodes, tainted now, percent, may taint one more)
+    for (gpu_nodes, tainted, percent, expected) in [
+        (100, 9, 10, true),
+        (100, 10, 10, false),
+        (105, 10, 10, false), // 10.5 rounds down
+        (110, 10, 10, true),
+        (5, 0, 10, true), // at least one node
+        (5, 1, 10, false),
+        (1, 0, 10, true),
+        (20, 0, 0, false), // 0 % closes the valve
+        (20, 19, 100, true),
+        (20, 20, 100, false),
+    ] {
+        let mut policy = policy();
+        policy.controller.node_health.max_tainted_percent = percent;
+        assert_eq!(
+            may_taint(gpu_nodes, tainted, &policy),
+            expected,
+            "{tainted} of {gpu_nodes} tainted, {percent} %"
+        );
+    }
+}
+
+#[test]
+fn taint_values_are_label_values() {
+    assert_eq!(taint_value("nvidia.com/gpu"), "nvidia.com_gpu");
+    assert_eq!(
+        taint_value("nvidia.com/mig-1g.5gb"),
+        "nvidia.com_mig-1g.5gb"
+    );
+    let long = format!("{}.example.com/gpu", "a".repeat(60));
+    assert_eq!(taint_value(&long), "gpu");
+    assert!(label_value_errors(&taint_value("amd.com/gpu")).is_empty());
+}
+
+#[test]
+fn patches_keep_other_taints_and_carry_the_resource_version() {
+    let other = Taint {
+        key: "nvidia.com/gpu".to_owned(),
+        value: Some("present".to_owned()),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
+    };
+    let node = with_taint(node(Some("8"), Some("7")), other, false);
+    let patch = add_taint_patch(&node, &degraded_taint("nvidia.com/gpu", false), at(0));
+    assert_eq!(
+        patch,
+        json!({
+            "metadata": {
+                "resourceVersion": "7",
+                "annotations": {DEGRADED_OWNER_ANNOTATION: "2027-01-15T08:00:00Z;nvidia.com_gpu:NoSchedule"},
+            },
+            "spec": {"taints": [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                {"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"},
+            ]},
+        })
+    );
+    let tainted = ours(node);
+    assert_eq!(
+        remove_taint_patch(&tainted),
+        json!({
+            "metadata": {"resourceVersion": "7", "annotations": {DEGRADED_OWNER_ANNOTATION: null}},
+            "spec": {"taints": [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            ]},
+        })
+    );
+    assert_eq!(
+        degraded_taint("amd.com/gpu", true).effect,
+        "NoExecute".to_owned()
+    );
+}
+
+fn annotated(mut node: Node, value: &str) -> Node {
+    node.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(DEGRADED_OWNER_ANNOTATION.to_owned(), value.to_owned());
+    node
+}
+
+#[test]
+fn a_taint_is_ours_only_when_it_is_exactly_the_one_recorded() {
+    let degraded = node(Some("8"), Some("7"));
+    let recorded = "2027-01-15T08:00:00Z;nvidia.com_gpu:NoSchedule";
+    let mut manual = degraded_taint("nvidia.com/gpu", true);
+    manual.value = Some("by-hand".to_owned());
+    // The annotation alone (the taint removed by hand): stale, no taint of ours.
+    let stale = annotated(degraded.clone(), recorded);
+    assert_eq!(ownership(&stale), Ownership::None);
+    assert!(stale_annotation(&stale));
+    assert_eq!(tainted_since(&stale), None);
+    assert_eq!(
+        clear_annotation_patch(&stale),
+        json!({"metadata": {"resourceVersion": "7", "annotations": {DEGRADED_OWNER_ANNOTATION: null}}})
+    );
+    // A later manual taint with the key but another value or effect: someone else's.
+    let foreign = with_taint(stale.clone(), manual.clone(), false);
+    assert_eq!(ownership(&foreign), Ownership::Foreign);
+    assert!(stale_annotation(&foreign));
+    let mut other_effect = degraded_taint("nvidia.com/gpu", true);
+    other_effect.effect = "NoExecute".to_owned();
+    assert_eq!(
+        ownership(&with_taint(stale.clone(), other_effect, false)),
+        Ownership::Foreign
+    );
+    // An annotation that does not parse (the old format) owns nothing.
+    let old = with_taint(
+        annotated(degraded.clone(), "2027-01-15T08:00:00Z"),
+        degraded_taint("nvidia.com/gpu", false),
+        false,
+    );
+    assert_eq!(ownership(&old), Ownership::Foreign);
+    assert!(stale_annotation(&old));
+    // Ours next to someone's NoExecute taint with the same key: only ours is removed.
+    let both = with_taint(
+        with_taint(
+            degraded.clone(),
+            degraded_taint("nvidia.com/gpu", false),
+            false,
+        ),
+        manual.clone(),
+        false,
+    );
+    let both = annotated(both, recorded);
+    assert_eq!(ownership(&both), Ownership::Ours);
+    assert!(!stale_annotation(&both));
+    assert_eq!(tainted_since(&both), Some(at(0)));
+    assert_eq!(
+        remove_taint_patch(&both)["spec"]["taints"],
+        json!([{"key": DEGRADED_TAINT_KEY, "value": "by-hand", "effect": "NoExecute"}])
+    );
+}
+
+#[test]
+fn time_arithmetic_never_overflows() {
+    let mut policy = policy();
+    policy.controller.node_health.degraded_for_seconds = u64::MAX;
+    policy.controller.node_health.healthy_for_seconds = u64::MAX / 2;
+    let degraded = node(Some("8"), Some("7"));
+    let verdict = node_verdict(&degraded, &policy, at(0), &NodeHistory::default());
+    assert_eq!(
+        verdict.decision,
+        TaintDecision::Degrading {
+            taint_at: Timestamp::MAX
+        }
+    );
+    // An owner annotation near the end of time (year 9999).
+    let mut end = with_taint(degraded, degraded_taint("nvidia.com/gpu", false), false);
+    end = annotated(
+        end,
+        &format!("{};nvidia.com_gpu:NoSchedule", Timestamp::MAX),
+    );
+    let healthy = {
+        let mut node = end.clone();
+        node.status = node_status(Some("8"), Some("8"));
+        node
+    };
+    let since_end = NodeHistory {
+        healthy_since: Some(Timestamp::MAX),
+        ..NodeHistory::default()
+    };
+    let verdict = node_verdict(&healthy, &policy, Timestamp::MAX, &since_end);
+    // `healthy_since + healthyForSeconds` saturates at the end of time: no panic.
+    assert_eq!(verdict.decision, TaintDecision::Untaint);
+    let verdict = node_verdict(&healthy, &policy, at(0), &since_end);
+    assert_eq!(
+        verdict.decision,
+        TaintDecision::Recovering {
+            untaint_at: Timestamp::MAX
+        }
+    );
+    let verdict = node_verdict(&end, &policy, at(0), &NodeHistory::default());
+    assert_eq!(verdict.decision, TaintDecision::Tainted);
+    assert_eq!(later(Timestamp::MAX, 1), Timestamp::MAX);
+    assert_eq!(later(at(0), 60), at(60));
+    // Percentages of huge counts.
+    policy.controller.node_health.unusable_devices.percent = Some(50);
+    policy.controller.node_health.unusable_devices.count = None;
+    let huge = DeviceCount {
+        resource: "nvidia.com/gpu".to_owned(),
+        capacity: u64::MAX,
+        allocatable: 0,
+    };
+    assert!(threshold_reached(&huge, &policy));
+    policy.controller.node_health.max_tainted_percent = 100;
+    assert_eq!(taint_limit(usize::MAX, &policy), usize::MAX);
+}

@@ -1,0 +1,258 @@
+//! PURE: was a pod hit by a device failure, and what should be done about it?
+//!
+//! A pod is hit when the kubelet reports one of its allocated devices `Unhealthy`
+//! (`status.containerStatuses[].allocatedResourcesStatus`, beta in Kubernetes 1.36), or when
+//! its node carries gpu-guard's degraded taint for a device resource the pod uses. The namespace
+//! opt-in is the caller's to check.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use crate::policy::Policy;
+use crate::wellknown::{DEGRADED_TAINT_KEY, DEVICE_FAILURE_CONDITION};
+
+/// The `reason` of the condition when a device of the pod is reported unhealthy.
+pub const REASON_UNHEALTHY_DEVICE: &str = "UnhealthyDevice";
+/// The `reason` of the condition when the pod's node is tainted degraded.
+pub const REASON_NODE_DEGRADED: &str = "NodeDeviceDegraded";
+
+/// What the controller knows of a pod's node: the device resources gpu-guard has tainted it
+/// degraded for (in a dry run: would have).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeState {
+    pub degraded: BTreeSet<String>,
+}
+
+/// Why a pod counts as hit by a device failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The kubelet reports a device allocated to a container `Unhealthy`.
+    UnhealthyDevice {
+        container: String,
+        /// The resource (`nvidia.com/gpu`) or DRA claim (`claim:name/request`).
+        resource: String,
+        device_ids: Vec<String>,
+    },
+    /// The pod's node is tainted degraded for a resource the pod uses.
+    NodeDegraded { node: String, resource: String },
+}
+
+impl Cause {
+    /// The condition's `reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::UnhealthyDevice { .. } => REASON_UNHEALTHY_DEVICE,
+            Self::NodeDegraded { .. } => REASON_NODE_DEGRADED,
+        }
+    }
+
+    /// The condition's `message`.
+    pub fn message(&self) -> String {
+        match self {
+            Self::UnhealthyDevice {
+                container,
+                resource,
+                device_ids,
+            } => format!(
+                "{resource} device {} allocated to container {container} is reported Unhealthy \
+                 by the kubelet; gpu-guard marks the pod so its failure is retried",
+                device_ids.join(", ")
+            ),
+            Self::NodeDegraded { node, resource } => format!(
+                "node {node} is tainted {}={} by gpu-guard: its {resource} devices are degraded; \
+                 gpu-guard marks the pod so its failure is retried",
+                DEGRADED_TAINT_KEY,
+                super::node::taint_value(resource)
+            ),
+        }
+    }
+}
+
+/// What to do with a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing: not a device pod, not hit, finished, or already handled.
+    Nothing,
+    /// The pod was hit: add the condition (`mark`) and/or evict it (`evict`); at least one is
+    /// true.
+    Act {
+        cause: Cause,
+        mark: bool,
+        evict: bool,
+    },
+}
+
+/// Judges one pod. `node_state` is its node's (None: unknown or not scheduled).
+///
+/// A pod whose device the kubelet reports `Unhealthy` is a device user whatever it requests
+/// (a DRA-only pod requests no device resource). A pod is evicted only if something recreates
+/// it elsewhere: never a pod without a controller ownerReference (it would be lost), nor a
+/// DaemonSet's pod (recreated on the same node, evicted again), nor, for its node's
+/// degradation, a pod that tolerates gpu-guard's taint (the scheduler would put it back). Such
+/// pods are still marked.
+pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -> Action {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|status| status.phase.as_deref());
+    if phase == Some("Succeeded") {
+        return Action::Nothing;
+    }
+    let uses = device_resources(pod, policy);
+    let Some(cause) = unhealthy_device(pod, policy).or_else(|| {
+        let node = pod.spec.as_ref()?.node_name.clone()?;
+        let resource = uses
+            .iter()
+            .find(|resource| node_state.is_some_and(|state| state.degraded.contains(*resource)))?;
+        Some(Cause::NodeDegraded {
+            node,
+            resource: resource.clone(),
+        })
+    }) else {
+        return Action::Nothing;
+    };
+    let settings = &policy.controller.pods;
+    let mark = settings.mark_pods && !is_marked(pod);
+    let running = matches!(phase, None | Some("Pending" | "Running"));
+    let tolerated = matches!(&cause, Cause::NodeDegraded { resource, .. }
+        if tolerates(pod, &super::node::degraded_taint(resource, policy.controller.node_health.no_execute)));
+    let evict = settings.evict_pods
+        && running
+        && pod.metadata.deletion_timestamp.is_none()
+        && recreated_elsewhere(pod)
+        && !tolerated;
+    if mark || evict {
+        Action::Act { cause, mark, evict }
+    } else {
+        Action::Nothing
+    }
+}
+
+/// Whether the pod has a controller ownerReference that is not a DaemonSet: something that
+/// recreates it, on another node.
+pub fn recreated_elsewhere(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true))
+        .is_some_and(|owner| owner.kind != "DaemonSet")
+}
+
+/// Whether one of the pod's tolerations tolerates `taint` (as the scheduler matches them: an
+/// empty key with `Exists` matches every key; an empty effect matches every effect).
+pub fn tolerates(pod: &Pod, taint: &k8s_openapi::api::core::v1::Taint) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.tolerations.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|toleration| {
+            let effect = toleration.effect.as_deref().unwrap_or_default();
+            if !effect.is_empty() && effect != taint.effect {
+                return false;
+            }
+            let key = toleration.key.as_deref().unwrap_or_default();
+            let exists = toleration.operator.as_deref() == Some("Exists");
+            if key.is_empty() {
+                return exists;
+            }
+            key == taint.key
+                && (exists
+                    || toleration.value.as_deref().unwrap_or_default()
+                        == taint.value.as_deref().unwrap_or_default())
+        })
+}
+
+/// Whether the pod already has `gpu-guard.io/DeviceFailure=True`.
+pub fn is_marked(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == DEVICE_FAILURE_CONDITION && c.status == "True")
+        })
+}
+
+/// The device resources the pod's containers and init containers request or limit, by name.
+pub fn device_resources(pod: &Pod, policy: &Policy) -> BTreeSet<String> {
+    let Some(spec) = &pod.spec else {
+        return BTreeSet::new();
+    };
+    let containers: Vec<&Container> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .collect();
+    containers
+        .into_iter()
+        .filter_map(|container| container.resources.as_ref())
+        .flat_map(|resources| {
+            policy
+                .devices
+                .devices_in(resources.limits.as_ref(), resources.requests.as_ref())
+                .map(|(_, name)| name.to_owned())
+        })
+        .collect()
+}
+
+/// The first device reported unhealthy in the container and init container statuses: a
+/// configured device resource, or a DRA claim (`claim:...`).
+fn unhealthy_device(pod: &Pod, policy: &Policy) -> Option<Cause> {
+    let status = pod.status.as_ref()?;
+    let statuses: Vec<&ContainerStatus> = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .collect();
+    statuses.into_iter().find_map(|container| {
+        container
+            .allocated_resources_status
+            .iter()
+            .flatten()
+            .filter(|resource| {
+                policy.devices.is_device_resource(&resource.name)
+                    || resource.name.starts_with("claim:")
+            })
+            .find_map(|resource| {
+                let device_ids: Vec<String> = resource
+                    .resources
+                    .iter()
+                    .flatten()
+                    .filter(|device| device.health.as_deref() == Some("Unhealthy"))
+                    .map(|device| device.resource_id.clone())
+                    .collect();
+                (!device_ids.is_empty()).then(|| Cause::UnhealthyDevice {
+                    container: container.name.clone(),
+                    resource: resource.name.clone(),
+                    device_ids,
+                })
+            })
+    })
+}
+
+/// The condition gpu-guard adds.
+pub fn device_failure_condition(cause: &Cause, now: Timestamp) -> PodCondition {
+    PodCondition {
+        type_: DEVICE_FAILURE_CONDITION.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(cause.reason().to_owned()),
+        message: Some(cause.message()),
+        last_transition_time: Some(Time(now)),
+        ..PodCondition::default()
+    }
+}
+
+/// The strategic merge patch of `pods/{name}/status` that adds the condition (the API merges
+/// `status.conditions` by `type`, so the pod's other conditions stay).
+pub fn condition_patch(cause: &Cause, now: Timestamp) -> Value {
+    json!({"status": {"conditions": [device_failure_condition(cause, now)]}})
+}
+
+#[cfg(test)]
+mod tests;

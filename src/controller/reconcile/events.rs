@@ -1,0 +1,91 @@
+//! The controller's Events (`events.k8s.io/v1`, through kube's recorder): their reasons, the
+//! note size the API server accepts, and publishing one, never fatal to a pass.
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::Resource;
+use kube::runtime::events::{Event, EventType};
+
+use super::Reconciler;
+
+/// Event reasons.
+pub const REASON_DEGRADED: &str = "DeviceDegraded";
+pub const REASON_RECOVERED: &str = "DeviceRecovered";
+pub const REASON_SAFETY_VALVE: &str = "SafetyValve";
+pub const REASON_MARKED: &str = "DeviceFailureMarked";
+pub const REASON_EVICTED: &str = "Evicted";
+
+/// The most bytes of an Event note the API server accepts.
+pub const EVENT_NOTE_MAX_BYTES: usize = 1024;
+
+impl Reconciler {
+    /// Publishes an Event; a failure is logged, never fatal. Not while leadership has run out:
+    /// the new leader reports what happens from now on.
+    pub(super) async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        if self.ensure_leading().is_err() {
+            return;
+        }
+        let note = truncate_note(note);
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(%error, reason, "cannot publish an Event");
+        }
+    }
+}
+
+/// The API server refuses Event notes over [`EVENT_NOTE_MAX_BYTES`] bytes: the note is cut at
+/// a character boundary within it.
+pub fn truncate_note(mut note: String) -> String {
+    if note.len() > EVENT_NOTE_MAX_BYTES {
+        let mut end = EVENT_NOTE_MAX_BYTES;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+    }
+    note
+}
+
+/// What an Event about `node` regards.
+pub(super) fn node_ref(node: &Node) -> ObjectReference {
+    let mut reference = node.object_ref(&());
+    // Events on cluster-scoped objects go to the default namespace (as kubelet's do).
+    reference.namespace = None;
+    reference
+}
+
+/// What an Event about `pod` regards.
+pub(super) fn pod_ref(pod: &Pod) -> ObjectReference {
+    pod.object_ref(&())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_notes_are_cut_to_1024_bytes_at_a_character_boundary() {
+        assert_eq!(truncate_note("short".to_owned()), "short");
+        let ascii = "a".repeat(2000);
+        assert_eq!(truncate_note(ascii).len(), EVENT_NOTE_MAX_BYTES);
+        // 'é' is two bytes: 1023 bytes of 'a' and one 'é' would end at byte 1025.
+        let note = format!("{}é", "a".repeat(1023));
+        let cut = truncate_note(note);
+        assert_eq!(cut.len(), 1023);
+        assert!(cut.chars().all(|c| c == 'a'));
+        // 1000 characters of 'é' are 2000 bytes: the old limit of 1000 characters was too long.
+        assert_eq!(truncate_note("é".repeat(1000)).len(), EVENT_NOTE_MAX_BYTES);
+    }
+}

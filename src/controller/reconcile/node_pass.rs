@@ -1,0 +1,317 @@
+//! The node half of a pass: judge every cached node ([`node_verdict`]), keep each node's
+//! history, and apply the decisions: add or remove gpu-guard's taint (within the safety valve),
+//! clear a stale owner annotation, report the node gauges. Hands the pod half the nodes whose
+//! degradation their pods answer for.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::Value;
+
+use super::events::{REASON_DEGRADED, REASON_RECOVERED, REASON_SAFETY_VALVE, node_ref};
+use super::{Caches, PassReport, Reconciler, Stop, Write, WriteError};
+use crate::controller::node::{
+    self, NodeHistory, NodeVerdict, Ownership, TaintDecision, node_verdict, ownership,
+};
+use crate::controller::pod::NodeState;
+use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+
+/// Attempts of a node taint patch that meets a conflict (someone else changed the node).
+const NODE_PATCH_ATTEMPTS: usize = 3;
+
+impl Reconciler {
+    /// Judges and acts on every node of the caches, at `now`. Returns, by node name, the
+    /// degraded resources of the nodes holding gpu-guard's taint; `Err(Stop)` when leadership
+    /// ran out (the gauges are then left as they were).
+    pub(super) async fn nodes_pass(
+        &mut self,
+        caches: &Caches,
+        now: Timestamp,
+        report: &mut PassReport,
+    ) -> Result<HashMap<String, NodeState>, Stop> {
+        let mut nodes = caches.nodes.state();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+
+        let mut verdicts: Vec<(Arc<Node>, NodeVerdict)> = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let Some(name) = node.metadata.name.clone() else {
+                continue;
+            };
+            let history = self.histories.get(&name).cloned().unwrap_or_default();
+            let verdict = node_verdict(&node, &self.policy, now, &history);
+            verdicts.push((node, verdict));
+        }
+        let present: HashSet<String> = verdicts
+            .iter()
+            .filter_map(|(node, _)| node.metadata.name.clone())
+            .collect();
+        self.histories.retain(|name, _| present.contains(name));
+        self.valve_reported.retain(|name| present.contains(name));
+
+        let gpu_nodes = verdicts.iter().filter(|(_, v)| v.is_gpu_node()).count();
+        let mut tainted = verdicts
+            .iter()
+            .filter(|(node, verdict)| {
+                ownership(node) == Ownership::Ours || verdict.history.assumed_tainted
+            })
+            .count();
+        let mut node_states: HashMap<String, NodeState> = HashMap::new();
+
+        for (node, mut verdict) in verdicts {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let mut holds_taint =
+                ownership(&node) == Ownership::Ours || verdict.history.assumed_tainted;
+            if node::stale_annotation(&node) {
+                let cleared = self.clear_stale_annotation(&node).await;
+                self.settle(Write::ClearAnnotation(&name), cleared, report)?;
+            }
+            match verdict.decision {
+                TaintDecision::Taint if !self.policy.controller.node_health.enabled => {
+                    tracing::debug!(node = %name, seen = %verdict.describe_degraded(),
+                        "node degraded; tainting is disabled (controller.nodeHealth.enabled)");
+                }
+                TaintDecision::Taint if !node::may_taint(gpu_nodes, tainted, &self.policy) => {
+                    report.valve_held.push(name.clone());
+                    if self.valve_reported.insert(name.clone()) {
+                        self.metrics.safety_valve_trips.inc();
+                        let note = format!(
+                            "{}; not tainted: {tainted} of {gpu_nodes} GPU nodes are tainted \
+                             already, the most controller.nodeHealth.maxTaintedPercent ({} %) \
+                             allows",
+                            verdict.describe_degraded(),
+                            self.policy.controller.node_health.max_tainted_percent
+                        );
+                        tracing::warn!(node = %name, "safety valve: {note}");
+                        self.event(
+                            &node_ref(&node),
+                            EventType::Warning,
+                            REASON_SAFETY_VALVE,
+                            "Taint",
+                            note,
+                        )
+                        .await;
+                    }
+                }
+                TaintDecision::Taint => {
+                    let added = self.add_taint(&node, &verdict, now).await;
+                    if self.settle(Write::Taint(&name), added, report)? == Some(true) {
+                        self.valve_reported.remove(&name);
+                        tainted += 1;
+                        holds_taint = true;
+                        verdict.history.assumed_tainted = self.dry_run();
+                        self.metrics.taints_added.inc();
+                        report.tainted.push(name.clone());
+                    }
+                }
+                TaintDecision::Untaint => {
+                    let removed = self.remove_taint(&node, &verdict).await;
+                    match self.settle(Write::Untaint(&name), removed, report)? {
+                        Some(false) => {
+                            holds_taint = false;
+                            verdict.history = NodeHistory::default();
+                        }
+                        Some(true) => {
+                            tainted = tainted.saturating_sub(1);
+                            holds_taint = false;
+                            verdict.history = NodeHistory::default();
+                            self.metrics.taints_removed.inc();
+                            report.untainted.push(name.clone());
+                        }
+                        None => {}
+                    }
+                }
+                TaintDecision::Degrading { taint_at } => {
+                    if self
+                        .histories
+                        .get(&name)
+                        .is_none_or(|h| h.degraded_since.is_none())
+                    {
+                        tracing::info!(node = %name, seen = %verdict.describe_degraded(),
+                            %taint_at, "node degraded; tainted if it stays so");
+                    }
+                }
+                TaintDecision::ForeignTaint
+                | TaintDecision::Healthy
+                | TaintDecision::NotJudged
+                | TaintDecision::Tainted
+                | TaintDecision::Recovering { .. } => {}
+            }
+            if !matches!(verdict.decision, TaintDecision::Taint) {
+                self.valve_reported.remove(&name);
+            }
+            // Pods are marked for their node only while it holds gpu-guard's taint and is still
+            // degraded for a resource they use: not during the recovery window.
+            if holds_taint && !verdict.degraded.is_empty() {
+                let degraded: BTreeSet<String> = verdict
+                    .degraded
+                    .iter()
+                    .map(|d| d.resource.clone())
+                    .collect();
+                node_states.insert(name.clone(), NodeState { degraded });
+            }
+            self.histories.insert(name, verdict.history);
+        }
+        self.metrics
+            .gpu_nodes
+            .set(i64::try_from(gpu_nodes).unwrap_or(i64::MAX));
+        self.metrics
+            .tainted_nodes
+            .set(i64::try_from(tainted).unwrap_or(i64::MAX));
+        let degraded = self
+            .histories
+            .values()
+            .filter(|h| h.degraded_since.is_some())
+            .count();
+        self.metrics
+            .degraded_nodes
+            .set(i64::try_from(degraded).unwrap_or(i64::MAX));
+        Ok(node_states)
+    }
+
+    /// Removes the owner annotation of a node whose taint is gone (someone removed it by hand):
+    /// only the annotation, so a later taint with the same key is not taken for gpu-guard's.
+    async fn clear_stale_annotation(&self, node: &Node) -> Result<(), WriteError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if self.dry_run() {
+            tracing::info!(node = %name, "dry run: would remove the stale owner annotation {}", DEGRADED_OWNER_ANNOTATION);
+            return Ok(());
+        }
+        let patched = self
+            .patch_node(node, |current| {
+                node::stale_annotation(current).then(|| node::clear_annotation_patch(current))
+            })
+            .await?;
+        if patched {
+            tracing::info!(node = %name, "gpu-guard's taint was removed by someone else; removed its stale owner annotation {}", DEGRADED_OWNER_ANNOTATION);
+        }
+        Ok(())
+    }
+
+    /// `Ok(false)`: nothing was tainted (someone else tainted the node meanwhile).
+    async fn add_taint(
+        &self,
+        node: &Node,
+        verdict: &NodeVerdict,
+        now: Timestamp,
+    ) -> Result<bool, WriteError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let Some(first) = verdict.degraded.first() else {
+            return Ok(false);
+        };
+        let health = &self.policy.controller.node_health;
+        let taint = node::degraded_taint(&first.resource, health.no_execute);
+        let since = verdict.history.degraded_since.unwrap_or(now);
+        let rendered = format!(
+            "{}={}:{}",
+            taint.key,
+            taint.value.as_deref().unwrap_or_default(),
+            taint.effect
+        );
+        let seen = format!(
+            "{} since {since} (threshold held {} s)",
+            verdict.describe_degraded(),
+            now.duration_since(since).as_secs()
+        );
+        let note = if self.dry_run() {
+            let note = format!("dry run: would taint {rendered}: {seen}");
+            tracing::info!(node = %name, "{note}");
+            note
+        } else {
+            let patched = self
+                .patch_node(node, |current| {
+                    (node::ownership(current) == Ownership::None)
+                        .then(|| node::add_taint_patch(current, &taint, now))
+                })
+                .await?;
+            if !patched {
+                tracing::info!(node = %name, "the node carries a {DEGRADED_TAINT_KEY} taint already; not tainted again");
+                return Ok(false);
+            }
+            let note = format!("tainted {rendered}: {seen}");
+            tracing::warn!(node = %name, "{note}");
+            note
+        };
+        self.event(
+            &node_ref(node),
+            EventType::Warning,
+            REASON_DEGRADED,
+            "Taint",
+            note,
+        )
+        .await;
+        Ok(true)
+    }
+
+    /// `Ok(false)`: nothing to remove any more.
+    async fn remove_taint(&self, node: &Node, verdict: &NodeVerdict) -> Result<bool, WriteError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let since = verdict
+            .history
+            .healthy_since
+            .map_or_else(String::new, |since| format!(" since {since}"));
+        let note = if self.dry_run() {
+            format!("dry run: would remove the {DEGRADED_TAINT_KEY} taint: devices healthy{since}")
+        } else {
+            let patched = self
+                .patch_node(node, |current| {
+                    (node::ownership(current) == Ownership::Ours)
+                        .then(|| node::remove_taint_patch(current))
+                })
+                .await?;
+            if !patched {
+                tracing::info!(node = %name, "gpu-guard's taint is gone already");
+                return Ok(false);
+            }
+            format!("removed the {DEGRADED_TAINT_KEY} taint: devices healthy{since}")
+        };
+        tracing::info!(node = %name, "{note}");
+        self.event(
+            &node_ref(node),
+            EventType::Normal,
+            REASON_RECOVERED,
+            "Untaint",
+            note,
+        )
+        .await;
+        Ok(true)
+    }
+
+    /// Sends the patch `build` makes from the node, with its resourceVersion; on a conflict,
+    /// reads the node again and rebuilds the patch (`None`: nothing to do any more).
+    /// `Ok(false)`: the node no longer needs the change (someone else made it meanwhile).
+    async fn patch_node(
+        &self,
+        node: &Node,
+        build: impl Fn(&Node) -> Option<Value>,
+    ) -> Result<bool, WriteError> {
+        let api = Api::<Node>::all(self.client.clone());
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let mut current = node.clone();
+        let mut attempt = 1;
+        loop {
+            let Some(patch) = build(&current) else {
+                return Ok(false);
+            };
+            self.ensure_leading()?;
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(status))
+                    if status.is_conflict() && attempt < NODE_PATCH_ATTEMPTS =>
+                {
+                    tracing::debug!(node = %name, attempt, "node changed meanwhile; reading it again");
+                    current = api.get(&name).await?;
+                    attempt += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+}

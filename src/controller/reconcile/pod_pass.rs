@@ -1,0 +1,219 @@
+//! The pod half of a pass: judge every cached pod of an opted-in namespace ([`pod_verdict`])
+//! against the node states the node half found, and apply the decisions: add the
+//! `gpu-guard.io/DeviceFailure` condition, evict (through the token bucket, each refused pod
+//! backing off on its own).
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+
+use super::events::{REASON_EVICTED, REASON_MARKED, pod_ref};
+use super::throttle::Backoff;
+use super::{Caches, PassReport, Reconciler, Stop, Write, WriteError};
+use crate::controller::pod::{self, Action, Cause, NodeState, pod_verdict};
+use crate::wellknown::{DEVICE_FAILURE_CONDITION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL};
+
+impl Reconciler {
+    /// Judges and acts on every pod of the opted-in namespaces, at `now`. `Err(Stop)` when
+    /// leadership ran out.
+    pub(super) async fn pods_pass(
+        &mut self,
+        caches: &Caches,
+        node_states: &HashMap<String, NodeState>,
+        now: Timestamp,
+        report: &mut PassReport,
+    ) -> Result<(), Stop> {
+        let opted_in: HashSet<String> = caches
+            .namespaces
+            .state()
+            .iter()
+            .filter(|ns| {
+                ns.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(NAMESPACE_OPT_IN_LABEL))
+                    .is_some_and(|value| value == "true")
+            })
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect();
+        let mut pods = caches.pods.state();
+        pods.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        let uids: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        self.marked.retain(|uid| uids.contains(uid));
+        self.evicted.retain(|uid| uids.contains(uid));
+        self.backoff.retain(|uid, _| uids.contains(uid));
+
+        for pod in pods {
+            let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
+            else {
+                continue;
+            };
+            if !opted_in.contains(namespace) {
+                continue;
+            }
+            let node_state = pod
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.node_name.as_ref())
+                .and_then(|node| node_states.get(node));
+            let Action::Act { cause, mark, evict } = pod_verdict(&pod, node_state, &self.policy)
+            else {
+                continue;
+            };
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let id = format!("{namespace}/{name}");
+            if mark && !self.marked.contains(&uid) {
+                let marked = self.mark(&pod, &cause, now).await;
+                if self.settle(Write::Mark(&id), marked, report)?.is_some() {
+                    self.marked.insert(uid.clone());
+                    self.metrics.pods_marked.inc();
+                    report.marked.push(id.clone());
+                }
+            }
+            if evict && !self.evicted.contains(&uid) {
+                if self.backoff.get(&uid).is_some_and(|b| now < b.next) {
+                    // A PodDisruptionBudget refused it lately: its turn comes later, without
+                    // taking a token from the other pods.
+                    report.evictions_deferred.push(id);
+                    continue;
+                }
+                if let Err(error) = self.ensure_leading() {
+                    tracing::debug!(%error);
+                    return Err(Stop);
+                }
+                if !self.bucket.take(now) {
+                    self.metrics.evictions_deferred.inc();
+                    tracing::info!(pod = %id, "eviction rate limit reached; evicting on a later pass");
+                    report.evictions_deferred.push(id);
+                    continue;
+                }
+                let evicted = self.evict(&pod, &cause).await;
+                let evicted = self
+                    .settle(Write::Evict(&id), evicted, report)
+                    // The eviction did not happen: the token goes back.
+                    .inspect_err(|_| self.bucket.refund())?;
+                match evicted {
+                    Some(true) => {
+                        self.backoff.remove(&uid);
+                        self.evicted.insert(uid);
+                        self.metrics.pods_evicted.inc();
+                        report.evicted.push(id);
+                    }
+                    Some(false) => {
+                        // Refused (a PodDisruptionBudget): the token goes back to the other
+                        // pods, and this one waits, longer after each refusal.
+                        self.bucket.refund();
+                        let backoff = Backoff::after_refusal(self.backoff.get(&uid), now);
+                        self.backoff.insert(uid, backoff);
+                        self.metrics.evictions_deferred.inc();
+                        report.evictions_deferred.push(id);
+                    }
+                    None => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the `gpu-guard.io/DeviceFailure` condition to the pod's status (a strategic merge
+    /// patch: the API server merges conditions by type), and reports it in an Event.
+    async fn mark(&self, pod: &Pod, cause: &Cause, now: Timestamp) -> Result<(), WriteError> {
+        self.ensure_leading()?;
+        let (namespace, name) = pod_names(pod);
+        let note = cause.message();
+        if self.dry_run() {
+            tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
+                "dry run: would add the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
+        } else {
+            let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Strategic(pod::condition_patch(cause, now)),
+            )
+            .await?;
+            tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
+                "added the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
+        }
+        let prefix = if self.dry_run() {
+            "dry run: would mark: "
+        } else {
+            ""
+        };
+        self.event(
+            &pod_ref(pod),
+            EventType::Warning,
+            REASON_MARKED,
+            "Mark",
+            format!("{prefix}{note}"),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Evicts the pod. `Ok(false)`: refused for now (429: a PodDisruptionBudget).
+    async fn evict(&self, pod: &Pod, cause: &Cause) -> Result<bool, WriteError> {
+        self.ensure_leading()?;
+        let (namespace, name) = pod_names(pod);
+        let id = format!("{namespace}/{name}");
+        let note = if self.dry_run() {
+            format!("dry run: would evict: {}", cause.message())
+        } else {
+            let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
+            let eviction = Eviction {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                delete_options: None,
+            };
+            match api
+                .create_subresource::<Eviction, kube::core::Status>(
+                    "eviction",
+                    &name,
+                    &PostParams::default(),
+                    &eviction,
+                )
+                .await
+            {
+                Ok(_) => format!(
+                    "evicted so its Job recreates it on a healthy node: {}",
+                    cause.message()
+                ),
+                Err(kube::Error::Api(status)) if status.code == 429 => {
+                    tracing::info!(pod = %id, message = %status.message,
+                        "eviction refused for now (a PodDisruptionBudget); retrying on a later pass");
+                    return Ok(false);
+                }
+                Err(error) => return Err(error.into()),
+            }
+        };
+        tracing::info!(pod = %id, "{note}");
+        self.event(
+            &pod_ref(pod),
+            EventType::Warning,
+            REASON_EVICTED,
+            "Evict",
+            note,
+        )
+        .await;
+        Ok(true)
+    }
+}
+
+fn pod_names(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}

@@ -1,0 +1,390 @@
+//! The node half of the controller against the fake API server (`tests/support`): when a
+//! degraded GPU node is tainted and untainted, the exact patches and Events, conflicts, taints
+//! that are not gpu-guard's, the safety valve, stale owner annotations, and dry run.
+
+mod support;
+
+use gpu_guard::controller::reconcile::PassReport;
+use gpu_guard::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+use hyper::Method;
+use serde_json::{Value, json};
+use support::controller::{
+    TAINT_TIME, World, gpu_node, has_our_taint, pod_world, policy, push_taint,
+};
+use support::fake_api::{Logged, NODES};
+
+#[tokio::test]
+async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery() {
+    let mut world = World::start(
+        policy(|_| {}),
+        vec![
+            (NODES, gpu_node("gpu-1", 8, 7)),
+            (NODES, gpu_node("gpu-2", 8, 8)),
+            (
+                NODES,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-1"},
+                       "status": {"capacity": {"cpu": "8"}, "allocatable": {"cpu": "8"}}}),
+            ),
+        ],
+    )
+    .await;
+
+    // Degraded, not for long enough yet: nothing sent.
+    let report = world.pass(0).await;
+    assert_eq!(report, PassReport::default());
+    let report = world.pass(119).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    assert_eq!(world.metrics.gpu_nodes.get(), 2);
+
+    // 120 s: the taint, with the node's other taint kept and its resourceVersion as a
+    // precondition.
+    let version = world.fake.object(NODES, "gpu-1")["metadata"]["resourceVersion"].clone();
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].method, Method::PATCH);
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
+    assert_eq!(
+        writes[0].content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        writes[0].body,
+        json!({
+            "metadata": {"resourceVersion": version,
+                         "annotations": {DEGRADED_OWNER_ANNOTATION: format!("{TAINT_TIME};nvidia.com_gpu:NoSchedule")}},
+            "spec": {"taints": [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                {"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"},
+            ]},
+        })
+    );
+    let events = world.fake.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "DeviceDegraded");
+    assert_eq!(events[0].1, "gpu-1");
+    assert_eq!(
+        events[0].2,
+        "tainted gpu-guard.io/device-degraded=nvidia.com_gpu:NoSchedule: 1 of 8 nvidia.com/gpu \
+         unusable (allocatable 7) since 2027-01-15T08:00:00Z (threshold held 120 s)"
+    );
+    let event = world
+        .fake
+        .requests()
+        .into_iter()
+        .find(Logged::is_event)
+        .expect("an event");
+    assert_eq!(
+        event.path,
+        "/apis/events.k8s.io/v1/namespaces/default/events"
+    );
+    assert_eq!(event.body["regarding"]["kind"], "Node");
+    assert_eq!(event.body["type"], "Warning");
+    assert_eq!(event.body["reportingController"], "gpu-guard.io/controller");
+    assert_eq!(event.body["reportingInstance"], "test-1");
+    assert_eq!(world.metrics.taints_added.get(), 1);
+    assert_eq!(world.metrics.tainted_nodes.get(), 1);
+
+    // Tainted and still degraded: nothing more.
+    world.node_cached("gpu-1", has_our_taint).await;
+    world.fake.clear_requests();
+    world.pass(300).await;
+    assert!(world.fake.writes().is_empty());
+
+    // The device comes back: the taint stays for healthyForSeconds.
+    world.heal("gpu-1").await;
+    world.pass(400).await;
+    world.pass(999).await;
+    assert!(world.fake.writes().is_empty());
+
+    let version = world.fake.object(NODES, "gpu-1")["metadata"]["resourceVersion"].clone();
+    let report = world.pass(1000).await;
+    assert_eq!(report.untainted, ["gpu-1"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(
+        writes[0].body,
+        json!({
+            "metadata": {"resourceVersion": version, "annotations": {DEGRADED_OWNER_ANNOTATION: null}},
+            "spec": {"taints": [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            ]},
+        })
+    );
+    let node = world.fake.object(NODES, "gpu-1");
+    assert!(!has_our_taint(&node));
+    assert_eq!(node["metadata"].get("annotations"), Some(&json!({})));
+    let reasons: Vec<String> = world.fake.events().into_iter().map(|e| e.0).collect();
+    assert_eq!(reasons, ["DeviceRecovered"]);
+    assert_eq!(world.metrics.taints_removed.get(), 1);
+    world
+        .node_cached("gpu-1", |node| !has_our_taint(node))
+        .await;
+    world.pass(1001).await;
+    assert_eq!(world.metrics.tainted_nodes.get(), 0);
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+}
+
+#[tokio::test]
+async fn no_execute_when_configured() {
+    let mut world = World::start(
+        policy(|p| p.controller.node_health.no_execute = true),
+        vec![(NODES, gpu_node("gpu-1", 4, 0))],
+    )
+    .await;
+    world.pass(0).await;
+    world.pass(120).await;
+    let writes = world.fake.writes();
+    assert_eq!(
+        writes[0].body["spec"]["taints"][1],
+        json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoExecute"})
+    );
+}
+
+#[tokio::test]
+async fn a_taint_gpu_guard_did_not_add_is_never_removed() {
+    let mut foreign = gpu_node("gpu-1", 8, 8);
+    foreign["spec"]["taints"]
+        .as_array_mut()
+        .expect("taints")
+        .push(json!({"key": DEGRADED_TAINT_KEY, "value": "manual", "effect": "NoSchedule"}));
+    let mut world = World::start(policy(|_| {}), vec![(NODES, foreign)]).await;
+    for seconds in [0, 1000, 100_000] {
+        world.pass(seconds).await;
+    }
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    assert_eq!(world.metrics.tainted_nodes.get(), 0);
+}
+
+#[tokio::test]
+async fn a_conflict_rereads_the_node_and_keeps_the_taint_added_meanwhile() {
+    let mut world = World::start(policy(|_| {}), vec![(NODES, gpu_node("gpu-1", 8, 6))]).await;
+    world.fake.conflict_once(|node| {
+        push_taint(node, json!({"key": "maintenance", "effect": "NoSchedule"}));
+    });
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert!(report.errors.is_empty(), "{report:?}");
+    let requests: Vec<(Method, String)> = world
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/api/v1/nodes/"))
+        .map(|r| (r.method, r.path))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            (Method::PATCH, "/api/v1/nodes/gpu-1".to_owned()),
+            (Method::GET, "/api/v1/nodes/gpu-1".to_owned()),
+            (Method::PATCH, "/api/v1/nodes/gpu-1".to_owned()),
+        ]
+    );
+    let node = world.fake.object(NODES, "gpu-1");
+    assert_eq!(
+        node["spec"]["taints"],
+        json!([
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": "maintenance", "effect": "NoSchedule"},
+            {"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn a_node_someone_else_tainted_meanwhile_is_not_tainted_again() {
+    let mut world = World::start(policy(|_| {}), vec![(NODES, gpu_node("gpu-1", 8, 6))]).await;
+    world.fake.conflict_once(|node| {
+        push_taint(
+            node,
+            json!({"key": DEGRADED_TAINT_KEY, "value": "by-hand", "effect": "NoSchedule"}),
+        );
+    });
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    // One refused patch, one read, and no second patch.
+    let node_writes = world
+        .fake
+        .writes()
+        .iter()
+        .filter(|w| w.path == "/api/v1/nodes/gpu-1")
+        .count();
+    assert_eq!(node_writes, 1);
+    assert!(world.fake.events().is_empty());
+    assert_eq!(world.metrics.taints_added.get(), 0);
+}
+
+#[tokio::test]
+async fn the_safety_valve_stops_tainting_and_reports_once() {
+    // 12 GPU nodes, 10 %: one node may be tainted; three are degraded.
+    let mut objects: Vec<(&'static str, Value)> = (1..=9)
+        .map(|i| (NODES, gpu_node(&format!("gpu-{i:02}"), 8, 8)))
+        .collect();
+    for i in 10..=12 {
+        objects.push((NODES, gpu_node(&format!("gpu-{i:02}"), 8, 5)));
+    }
+    let mut world = World::start(policy(|_| {}), objects).await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-10"]);
+    assert_eq!(report.valve_held, ["gpu-11", "gpu-12"]);
+    assert_eq!(world.fake.writes().len(), 1);
+    let events = world.fake.events();
+    let reasons: Vec<(&str, &str)> = events
+        .iter()
+        .map(|(reason, node, _)| (reason.as_str(), node.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("DeviceDegraded", "gpu-10"),
+            ("SafetyValve", "gpu-11"),
+            ("SafetyValve", "gpu-12")
+        ]
+    );
+    assert!(
+        events[1]
+            .2
+            .contains("1 of 12 GPU nodes are tainted already"),
+        "{}",
+        events[1].2
+    );
+    assert_eq!(world.metrics.safety_valve_trips.get(), 2);
+
+    // Still held on the next pass, but reported once per episode.
+    world.node_cached("gpu-10", has_our_taint).await;
+    world.fake.clear_requests();
+    let report = world.pass(200).await;
+    assert_eq!(report.valve_held, ["gpu-11", "gpu-12"]);
+    assert!(world.fake.requests().iter().all(|r| !r.is_write()));
+    assert_eq!(world.metrics.safety_valve_trips.get(), 2);
+}
+
+#[tokio::test]
+async fn a_stale_owner_annotation_is_cleared_and_only_gpu_guards_exact_taint_is_removed() {
+    let recorded = format!("{TAINT_TIME};nvidia.com_gpu:NoSchedule");
+    // gpu-1: someone removed gpu-guard's taint by hand; the annotation stayed.
+    let mut stale = gpu_node("gpu-1", 8, 8);
+    stale["metadata"]["annotations"] = json!({DEGRADED_OWNER_ANNOTATION: recorded});
+    // gpu-2: gpu-guard's taint next to someone's NoExecute taint with the same key.
+    let mut both = gpu_node("gpu-2", 8, 8);
+    both["metadata"]["annotations"] = json!({DEGRADED_OWNER_ANNOTATION: recorded});
+    let taints = both["spec"]["taints"].as_array_mut().expect("taints");
+    taints.push(
+        json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"}),
+    );
+    taints.push(json!({"key": DEGRADED_TAINT_KEY, "value": "by-hand", "effect": "NoExecute"}));
+    let mut world = World::start(policy(|_| {}), vec![(NODES, stale), (NODES, both)]).await;
+
+    let version = world.fake.object(NODES, "gpu-1")["metadata"]["resourceVersion"].clone();
+    world.pass(0).await;
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
+    assert_eq!(
+        writes[0].body,
+        json!({"metadata": {"resourceVersion": version, "annotations": {DEGRADED_OWNER_ANNOTATION: null}}})
+    );
+    assert_eq!(
+        world.fake.object(NODES, "gpu-1")["spec"]["taints"],
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    );
+    assert_eq!(world.metrics.tainted_nodes.get(), 1);
+
+    // A taint with the key added by hand later is someone else's: never removed.
+    world
+        .node_cached("gpu-1", |node| node["metadata"]["annotations"] == json!({}))
+        .await;
+    let mut manual = world.fake.object(NODES, "gpu-1");
+    manual["spec"]["taints"]
+        .as_array_mut()
+        .expect("taints")
+        .push(
+            json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"}),
+        );
+    world.fake.put(NODES, manual);
+    world.node_cached("gpu-1", has_our_taint).await;
+    world.fake.clear_requests();
+
+    // gpu-2 recovers: only gpu-guard's taint is removed, the NoExecute one stays.
+    world.pass(100).await;
+    let report = world.pass(700).await;
+    assert_eq!(report.untainted, ["gpu-2"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-2");
+    assert_eq!(
+        writes[0].body["spec"]["taints"],
+        json!([
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": DEGRADED_TAINT_KEY, "value": "by-hand", "effect": "NoExecute"},
+        ])
+    );
+    assert!(has_our_taint(&world.fake.object(NODES, "gpu-1")));
+}
+
+#[tokio::test]
+async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_do() {
+    let mut world = World::start(
+        policy(|p| {
+            p.controller.dry_run = true;
+            p.controller.pods.evict_pods = true;
+        }),
+        pod_world(),
+    )
+    .await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    // The pod on the node that would be tainted counts as hit, as it would without dry run.
+    assert_eq!(report.marked, ["ml/on-degraded"]);
+    assert_eq!(report.evicted, ["ml/on-degraded"]);
+
+    // No PATCH, no eviction: only Events were written.
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    let events = world.fake.events();
+    let reasons: Vec<(&str, &str)> = events
+        .iter()
+        .map(|(reason, name, _)| (reason.as_str(), name.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("DeviceFailureMarked", "sick"),
+            ("Evicted", "sick"),
+            ("DeviceDegraded", "gpu-1"),
+            ("DeviceFailureMarked", "on-degraded"),
+            ("Evicted", "on-degraded"),
+        ]
+    );
+    assert!(
+        events
+            .iter()
+            .all(|(_, _, note)| note.starts_with("dry run: would")),
+        "{events:?}"
+    );
+    assert_eq!(world.metrics.dry_run.get(), 1);
+    assert_eq!(world.metrics.taints_added.get(), 1);
+    assert_eq!(world.metrics.tainted_nodes.get(), 1);
+    assert_eq!(world.metrics.pods_marked.get(), 2);
+    assert_eq!(world.metrics.pods_evicted.get(), 2);
+
+    // Later passes do not repeat themselves; recovery is simulated too.
+    let report = world.pass(200).await;
+    assert_eq!(report, PassReport::default());
+    world.heal("gpu-1").await;
+    world.pass(300).await;
+    let report = world.pass(900).await;
+    assert_eq!(report.untainted, ["gpu-1"]);
+    assert!(world.fake.writes().is_empty());
+    assert_eq!(
+        world.fake.events().last().expect("an event").0,
+        "DeviceRecovered"
+    );
+}

@@ -1,0 +1,337 @@
+//! The pod half of the controller against the fake API server (`tests/support`): which pods
+//! are marked and evicted, the exact condition patches and evictions, what the caches list,
+//! the eviction rate limit and PodDisruptionBudget refusals.
+
+mod support;
+
+use gpu_guard::controller::reconcile::PassReport;
+use gpu_guard::wellknown::DEGRADED_TAINT_KEY;
+use hyper::Method;
+use serde_json::{Value, json};
+use support::controller::{
+    TAINT_TIME, World, gpu_node, has_our_taint, namespace, pod, pod_world, policy,
+};
+use support::fake_api::{Logged, NAMESPACES, NODES, PODS};
+
+fn condition(reason: &str, message: &str, time: &str) -> Value {
+    json!({"status": {"conditions": [{
+        "type": "gpu-guard.io/DeviceFailure",
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": time,
+    }]}})
+}
+
+const SICK_MESSAGE: &str = "nvidia.com/gpu device GPU-1234 allocated to container trainer is \
+                            reported Unhealthy by the kubelet; gpu-guard marks the pod so its \
+                            failure is retried";
+
+const DEGRADED_MESSAGE: &str = "node gpu-1 is tainted gpu-guard.io/device-degraded=nvidia.com_gpu \
+                                by gpu-guard: its nvidia.com/gpu devices are degraded; gpu-guard \
+                                marks the pod so its failure is retried";
+
+#[tokio::test]
+async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
+    let mut world =
+        World::start(policy(|p| p.controller.pods.evict_pods = true), pod_world()).await;
+
+    // t=0: the node is not tainted yet; only the pod with the unhealthy GPU is hit.
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/sick"]);
+    assert_eq!(report.evicted, ["ml/sick"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    assert_eq!(writes[0].method, Method::PATCH);
+    assert_eq!(writes[0].path, "/api/v1/namespaces/ml/pods/sick/status");
+    assert_eq!(
+        writes[0].content_type.as_deref(),
+        Some("application/strategic-merge-patch+json")
+    );
+    assert_eq!(
+        writes[0].body,
+        condition("UnhealthyDevice", SICK_MESSAGE, "2027-01-15T08:00:00Z")
+    );
+    assert_eq!(writes[1].method, Method::POST);
+    assert_eq!(writes[1].path, "/api/v1/namespaces/ml/pods/sick/eviction");
+    assert_eq!(
+        writes[1].body,
+        json!({"apiVersion": "policy/v1", "kind": "Eviction",
+               "metadata": {"name": "sick", "namespace": "ml"}})
+    );
+    // The pod's other conditions stay (the API server merges by type).
+    let sick = world.fake.object(PODS, "ml/sick");
+    assert_eq!(sick["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(
+        sick["status"]["conditions"][1]["type"],
+        "gpu-guard.io/DeviceFailure"
+    );
+    let events: Vec<(String, String)> = world
+        .fake
+        .events()
+        .into_iter()
+        .map(|(reason, name, _)| (reason, name))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("DeviceFailureMarked".to_owned(), "sick".to_owned()),
+            ("Evicted".to_owned(), "sick".to_owned())
+        ]
+    );
+    let pod_event = world
+        .fake
+        .requests()
+        .into_iter()
+        .find(Logged::is_event)
+        .expect("an event");
+    assert_eq!(
+        pod_event.path,
+        "/apis/events.k8s.io/v1/namespaces/ml/events"
+    );
+
+    // t=120: the node is tainted; the GPU pod on it is marked and evicted, the CPU pod is not;
+    // the pod already handled is not touched again.
+    world
+        .pod_cached("sick", |pod| {
+            pod["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.len() == 2)
+        })
+        .await;
+    world.fake.clear_requests();
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert_eq!(report.marked, ["ml/on-degraded"]);
+    assert_eq!(report.evicted, ["ml/on-degraded"]);
+    let writes: Vec<(Method, String, Value)> = world
+        .fake
+        .writes()
+        .into_iter()
+        .map(|w| (w.method, w.path, w.body))
+        .collect();
+    assert_eq!(writes.len(), 3, "{writes:?}");
+    assert_eq!(writes[0].1, "/api/v1/nodes/gpu-1");
+    assert_eq!(
+        writes[1],
+        (
+            Method::PATCH,
+            "/api/v1/namespaces/ml/pods/on-degraded/status".to_owned(),
+            condition("NodeDeviceDegraded", DEGRADED_MESSAGE, TAINT_TIME)
+        )
+    );
+    assert_eq!(
+        writes[2].1,
+        "/api/v1/namespaces/ml/pods/on-degraded/eviction"
+    );
+
+    world
+        .pod_cached("on-degraded", |pod| {
+            pod["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.len() == 2)
+        })
+        .await;
+    world.fake.clear_requests();
+    let report = world.pass(130).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty());
+    assert_eq!(world.metrics.pods_marked.get(), 2);
+    assert_eq!(world.metrics.pods_evicted.get(), 2);
+    assert_eq!(world.metrics.reconcile_errors.get(), 0);
+}
+
+#[tokio::test]
+async fn by_default_pods_are_marked_not_evicted() {
+    let mut world = World::start(policy(|_| {}), pod_world()).await;
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/sick"]);
+    assert!(report.evicted.is_empty());
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1);
+    assert!(writes[0].path.ends_with("/status"));
+    // Only opted-in namespaces are listed and watched.
+    let namespace_reads: Vec<Logged> = world
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == NAMESPACES)
+        .collect();
+    assert!(!namespace_reads.is_empty());
+    assert!(namespace_reads.iter().all(|r| {
+        r.query.get("labelSelector").map(String::as_str) == Some("gpu-guard.io%2Fenabled%3Dtrue")
+    }));
+    // Only pods bound to a node and not finished are listed and watched.
+    let pod_reads: Vec<Logged> = world
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == PODS)
+        .collect();
+    assert!(!pod_reads.is_empty());
+    assert!(pod_reads.iter().all(|r| {
+        r.query.get("fieldSelector").map(|s| percent_decoded(s))
+            == Some("spec.nodeName!=,status.phase!=Succeeded".to_owned())
+    }));
+}
+
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ASCII");
+            out.push(u8::from_str_radix(hex, 16).expect("hex"));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+/// Pods `ml/a` and `ml/b`, hit by a device failure on `gpu-1`, to be evicted (not marked) at
+/// one eviction a minute.
+async fn two_pods_to_evict() -> World {
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 8)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, pod("ml", "a", "gpu-1", true, true)),
+        (PODS, pod("ml", "b", "gpu-1", true, true)),
+    ];
+    World::start(
+        policy(|p| {
+            p.controller.pods.evict_pods = true;
+            p.controller.pods.mark_pods = false;
+            p.controller.pods.evictions_per_minute = 1;
+        }),
+        objects,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn evictions_are_rate_limited_and_a_pdb_refusal_waits() {
+    let mut world = two_pods_to_evict().await;
+    let report = world.pass(0).await;
+    assert_eq!(report.evicted, ["ml/a"]);
+    assert_eq!(report.evictions_deferred, ["ml/b"]);
+    // Nothing else is marked: markPods is off.
+    assert!(report.marked.is_empty());
+    // 30 s later the bucket holds half a token: still deferred.
+    let report = world.pass(30).await;
+    assert_eq!(report.evictions_deferred, ["ml/b"]);
+    // A minute later a token is there, but a PodDisruptionBudget refuses (429): not an error.
+    world.fake.lock().eviction_status = Some(429);
+    let report = world.pass(60).await;
+    assert_eq!(report.evictions_deferred, ["ml/b"]);
+    assert!(report.errors.is_empty());
+    assert_eq!(world.metrics.reconcile_errors.get(), 0);
+    // The budget allows it later.
+    world.fake.lock().eviction_status = None;
+    let report = world.pass(120).await;
+    assert_eq!(report.evicted, ["ml/b"]);
+    let evictions = world
+        .fake
+        .writes()
+        .iter()
+        .filter(|w| w.path.ends_with("/eviction"))
+        .count();
+    assert_eq!(evictions, 3);
+    assert_eq!(world.metrics.pods_evicted.get(), 2);
+    assert_eq!(world.metrics.evictions_deferred.get(), 3);
+}
+
+#[tokio::test]
+async fn a_pod_a_budget_refuses_waits_on_its_own_and_does_not_starve_the_others() {
+    let mut world = two_pods_to_evict().await;
+    world.fake.lock().eviction_refused.insert("a".to_owned());
+    let evictions_of = |world: &World, name: &str| {
+        world
+            .fake
+            .writes()
+            .iter()
+            .filter(|w| w.path == format!("/api/v1/namespaces/ml/pods/{name}/eviction"))
+            .count()
+    };
+    // a is refused: its token goes back, and b (after it) is evicted in the same pass.
+    let report = world.pass(0).await;
+    assert_eq!(report.evicted, ["ml/b"]);
+    assert_eq!(report.evictions_deferred, ["ml/a"]);
+    assert!(report.errors.is_empty(), "{report:?}");
+    // a waits for its backoff (10 s), without asking the API server.
+    let report = world.pass(5).await;
+    assert_eq!(report.evictions_deferred, ["ml/a"]);
+    assert_eq!(evictions_of(&world, "a"), 1);
+    // Refused again: it waits twice as long.
+    world.pass(70).await;
+    assert_eq!(evictions_of(&world, "a"), 2);
+    world.pass(85).await;
+    assert_eq!(evictions_of(&world, "a"), 2);
+    // The budget allows it.
+    world.fake.lock().eviction_refused.clear();
+    let report = world.pass(90).await;
+    assert_eq!(report.evicted, ["ml/a"]);
+    assert_eq!(evictions_of(&world, "a"), 3);
+    assert_eq!(evictions_of(&world, "b"), 1);
+}
+
+#[tokio::test]
+async fn pods_nothing_would_recreate_elsewhere_are_marked_not_evicted() {
+    let owned_by = |mut pod: Value, owner: Value| {
+        pod["metadata"]["ownerReferences"] = owner;
+        pod
+    };
+    let mut tolerating = pod("ml", "tolerating", "gpu-1", true, false);
+    tolerating["spec"]["tolerations"] =
+        json!([{"key": DEGRADED_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]);
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 7)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, pod("ml", "job", "gpu-1", true, false)),
+        (PODS, tolerating),
+        (
+            PODS,
+            owned_by(
+                pod("ml", "daemon", "gpu-1", true, false),
+                json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d",
+                        "uid": "uid-d", "controller": true}]),
+            ),
+        ),
+        (
+            PODS,
+            owned_by(pod("ml", "bare", "gpu-1", true, false), json!(null)),
+        ),
+    ];
+    let mut world = World::start(policy(|p| p.controller.pods.evict_pods = true), objects).await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert_eq!(
+        report.marked,
+        ["ml/bare", "ml/daemon", "ml/job", "ml/tolerating"]
+    );
+    assert_eq!(report.evicted, ["ml/job"]);
+}
+
+#[tokio::test]
+async fn pods_are_not_marked_for_their_node_during_its_recovery() {
+    let mut world = World::start(policy(|_| {}), pod_world()).await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert_eq!(report.marked, ["ml/on-degraded"]);
+    // The node heals; it keeps the taint for healthyForSeconds. A pod with a healthy GPU that
+    // comes to it meanwhile is not marked.
+    world.node_cached("gpu-1", has_our_taint).await;
+    world.heal("gpu-1").await;
+    world
+        .fake
+        .put(PODS, pod("ml", "late", "gpu-1", true, false));
+    world.pod_cached("late", |_| true).await;
+    let report = world.pass(200).await;
+    assert!(report.marked.is_empty(), "{report:?}");
+    assert!(report.untainted.is_empty());
+}

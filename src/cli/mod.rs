@@ -90,7 +90,7 @@ pub enum Command {
     Policy(PolicyCommand),
     /// Write a development CA and a serving certificate for the webhook Service (and localhost).
     ///
-    /// Writes ca.crt, tls.crt and tls.key (mode 0600) for gpu-guard.<namespace>.svc,
+    /// Writes ca.crt, tls.crt and tls.key (mode 0600) for `gpu-guard.<namespace>.svc`,
     /// its .cluster.local form, localhost and 127.0.0.1. For development only: production gets
     /// its certificates from cert-manager (webhook-config/overlays/cert-manager).
     Certs(CertsArgs),

@@ -16,7 +16,7 @@ use super::reflector::{CacheStatus, Reflected, Watch};
 use crate::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
 
 /// What the caches read, as RBAC rules: `(API group, resource, verbs)`. The installation's
-/// ClusterRole is generated from this ([`crate::deploy`]).
+/// ClusterRole is generated from this ([`crate::install`]).
 pub const RBAC_RULES: [(&str, &str, &[&str]); 2] = [
     (
         "scheduling.k8s.io",

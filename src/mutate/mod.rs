@@ -4,7 +4,7 @@
 //!
 //! What it does to a device Job (see `policies/default.yaml` for every setting):
 //! - injects a podFailurePolicy that retries device errors and disruptions
-//!   ([`failure_policy`]), and makes `podReplacementPolicy` compatible with it;
+//!   (`failure_policy`), and makes `podReplacementPolicy` compatible with it;
 //! - keeps the termination grace period in a window, and raises the node not-ready /
 //!   unreachable toleration seconds ([`pod_settings`]);
 //! - records what it did in the `gpu-guard.io/mutated` annotation.

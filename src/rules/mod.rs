@@ -3,7 +3,7 @@
 //!
 //! - [`job`]: a Job's `podFailurePolicy` and the fields it constrains (Kubernetes v1.36
 //!   `pkg/apis/batch/validation`);
-//! - [`names`]: Kubernetes name syntax (apimachinery `validation.IsQualifiedName` and friends).
+//! - `names` (crate-private): Kubernetes name syntax (apimachinery `validation.IsQualifiedName` and friends).
 
 pub mod job;
 pub(crate) mod names;

@@ -846,7 +846,7 @@ proptest! {
             prop_assert_eq!(&fast.patch, &general.patch);
             let skeleton = gpu_guard::mutate::job_view::decode(&text).unwrap().skeleton;
             prop_assert_eq!(
-                patch::operations(&general.outcome.changes, &skeleton, JOB_ROOT),
+                patch::operations(&general.outcome.job().expect("a Job").changes, &skeleton, JOB_ROOT),
                 general.patch.clone()
             );
         }
@@ -893,7 +893,7 @@ proptest! {
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(mutation.kind, MutableKind::Job);
         let outcome = mutate_job(&input.0, policy);
-        prop_assert_eq!(&mutation.outcome, &outcome);
+        prop_assert_eq!(mutation.outcome.job(), Some(&outcome));
         let patched = patch::apply(&raw, &mutation.patch).expect("the patch applies");
 
         for (place, value) in &planted {
@@ -974,8 +974,8 @@ proptest! {
         } else {
             mutate_job(&input.0, policy)
         };
-        prop_assert_eq!(&mutation.outcome.changes, &expected.changes);
-        prop_assert_eq!(&mutation.outcome.job, &expected.job);
+        prop_assert_eq!(&mutation.outcome.job().expect("a CronJob").changes, &expected.changes);
+        prop_assert_eq!(&mutation.outcome.job().expect("a CronJob").job, &expected.job);
         let prefix = format!("{CRON_JOB_TEMPLATE_ROOT}/");
         for op in mutation.patch.iter() {
             let path = op.path().to_string();

@@ -2,10 +2,12 @@
 //! v1.36 sent (`tests/fixtures/admission/`): the patch is applied to the raw request object and
 //! the patched object is snapshotted (insta), so a review shows exactly what a user would get.
 
+use gpu_guard::field::FieldPath;
 use gpu_guard::mutate::object::{MutableKind, mutate_object};
 use gpu_guard::mutate::patch;
 use gpu_guard::policy::Policy;
 use gpu_guard::rules::job::check_job;
+use gpu_guard::rules::jobset::check_jobset_spec;
 use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use serde_json::{Value, json};
 
@@ -58,6 +60,12 @@ fn every_job_and_cronjob_fixture_is_mutated_into_a_valid_object() {
                     ..Job::default()
                 })
             }
+            kind => {
+                let root = kind.jobset_spec_root().unwrap();
+                let spec = serde_json::from_value(patched.pointer(root).unwrap().clone()).unwrap();
+                let path = FieldPath::new(root.trim_start_matches('/').split('/'));
+                check_jobset_spec(&spec, &path)
+            }
         };
         assert_eq!(violations, vec![], "{name}");
 
@@ -77,7 +85,7 @@ fn every_job_and_cronjob_fixture_is_mutated_into_a_valid_object() {
             name.clone(),
             json!({
                 "patch": mutation.patch,
-                "warnings": mutation.outcome.warnings,
+                "warnings": mutation.outcome.warnings(),
                 "patchedObject": shown,
             })
         );

@@ -5,7 +5,10 @@ use base64::Engine as _;
 
 use super::ReviewOutcome;
 use super::envelope::{IncomingRequest, Operation, Response, ReviewError};
-use crate::mutate::object::{ObjectError, ObjectMutation, mutate_job_json, mutate_object};
+use crate::mutate::SkipReason;
+use crate::mutate::object::{
+    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_object,
+};
 use crate::policy::Policy;
 
 /// Mutates the request's object when it is a batch/v1 Job or CronJob CREATE (everything else is
@@ -16,18 +19,26 @@ pub(super) fn mutate(
     policy: &Policy,
     response: &mut Response,
 ) -> Result<(ReviewOutcome, usize), ReviewError> {
-    let is_batch = request.kind.group == "batch" && request.kind.version == "v1";
-    let mutable = is_batch && matches!(request.kind.kind.as_str(), "Job" | "CronJob");
-    if !mutable || request.operation != Operation::Create {
+    let kind = &request.kind;
+    let Some(mutable) = MutableKind::from_gvk(&kind.group, &kind.version, &kind.kind) else {
+        return Ok((ReviewOutcome::Allowed, 0));
+    };
+    if request.operation != Operation::Create {
         return Ok((ReviewOutcome::Allowed, 0));
     }
     let object =
         object.ok_or_else(|| ReviewError::MissingObject(request.operation.as_str().to_owned()))?;
-    match mutate_raw(&request.kind.kind, object, policy) {
+    match mutate_raw(mutable, object, policy) {
         // The object's own apiVersion/kind disagree with request.kind: leave it alone.
-        None => response
-            .warnings
-            .push("gpu-guard: the object is not a batch/v1 Job; left unchanged".to_owned()),
+        None => response.warnings.push(format!(
+            "gpu-guard: the object is not a {}; left unchanged",
+            if mutable == MutableKind::CronJob {
+                MutableKind::Job
+            } else {
+                mutable
+            }
+            .api_name()
+        )),
         // Not JSON at all is malformed input, not an object gpu-guard cannot read.
         Some(Err(ObjectError::Decode { source, .. })) if source.is_syntax() || source.is_eof() => {
             return Err(ReviewError::NotJson(source));
@@ -39,10 +50,15 @@ pub(super) fn mutate(
         Some(Ok(mutation)) => {
             response.warnings = mutation
                 .outcome
-                .warnings
+                .warnings()
                 .iter()
                 .map(|w| format!("gpu-guard: {w}"))
                 .collect();
+            if mutation.outcome.skipped() == Some(SkipReason::JobSetChild) {
+                response
+                    .audit_annotations
+                    .insert("mutation".to_owned(), SkipReason::JobSetChild.describe());
+            }
             if !mutation.patch.is_empty() {
                 let patch = serde_json::to_vec(&mutation.patch).expect("a JSON Patch serializes");
                 response.patch = Some(base64::engine::general_purpose::STANDARD.encode(&patch));
@@ -60,17 +76,17 @@ pub(super) fn mutate(
 /// A Job goes through the fast path (no `Value` of the whole object); a CronJob, rare at
 /// admission, through the general one.
 fn mutate_raw(
-    kind: &str,
+    kind: MutableKind,
     object: &str,
     policy: &Policy,
 ) -> Option<Result<ObjectMutation, ObjectError>> {
-    if kind == "Job" {
+    if kind == MutableKind::Job {
         return Some(mutate_job_json(object, policy));
     }
     match serde_json::from_str(object) {
         Ok(value) => mutate_object(&value, policy),
         Err(source) => Some(Err(ObjectError::Decode {
-            kind: "CronJob",
+            kind: kind.api_name(),
             source,
         })),
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use super::Report;
 use crate::manifest::{self, Document, Format};
-use crate::mutate::{SkipReason, object};
+use crate::mutate::object;
 use crate::policy::Policy;
 
 #[derive(Debug, Args)]
@@ -109,22 +109,11 @@ fn mutate_object(
         return Ok(());
     };
     let mutation = result.map_err(|error| format!("{name}: {error}"))?;
-    for warning in &mutation.outcome.warnings {
+    for warning in mutation.outcome.warnings() {
         log.push_str(&format!("warning: {name}: {warning}\n"));
     }
-    match mutation.outcome.skipped {
-        Some(SkipReason::SkipAnnotation) => {
-            log.push_str(&format!(
-                "{name}: skipped ({} annotation)\n",
-                crate::wellknown::SKIP_ANNOTATION
-            ));
-        }
-        Some(SkipReason::NotDeviceWorkload) => log.push_str(&format!(
-            "{name}: unchanged (no container requests a device resource listed in the policy)\n"
-        )),
-        Some(SkipReason::NoPodSpec) => {
-            log.push_str(&format!("{name}: unchanged (no pod template spec)\n"));
-        }
+    match mutation.outcome.skipped() {
+        Some(reason) => log.push_str(&format!("{name}: {}\n", reason.describe())),
         None if mutation.patch.is_empty() => log.push_str(&format!("{name}: unchanged\n")),
         None => {
             *value = crate::mutate::patch::apply(value, &mutation.patch)

@@ -20,7 +20,7 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 
-use super::{Change, Draft, workload::DeviceContainers};
+use super::{Change, Draft, JobRole, workload::DeviceContainers};
 use crate::policy::{
     ExistingPolicy, ExitCodeRule, FailurePolicySettings, OnFailureRestartPolicy,
     PodReplacementPolicy, RuleAction,
@@ -59,6 +59,14 @@ fn restart_policy_allows_injection(draft: &mut Draft, settings: &FailurePolicySe
         .and_then(|pod| pod.restart_policy.clone());
     match restart_policy.as_deref() {
         Some("Never") => true,
+        None | Some("") if draft.role == JobRole::JobSetReplica => {
+            draft.apply(Change::SetRestartPolicy("Never".to_owned()));
+            draft.warn(
+                "restartPolicy was empty, which JobSet turns into OnFailure: set to Never so \
+                 that a device failure fails the child Job and restarts the gang",
+            );
+            true
+        }
         Some("OnFailure") => match settings.on_failure_restart_policy {
             OnFailureRestartPolicy::Skip => {
                 draft.warn(
@@ -93,7 +101,9 @@ fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &Failur
             devices.device_sidecars.join(", ")
         ));
     }
-    let per_index = draft.spec().backoff_limit_per_index.is_some();
+    // In a gang a device failure must fail the whole child Job, never only its index.
+    let per_index =
+        draft.spec().backoff_limit_per_index.is_some() && draft.role == JobRole::Standalone;
     let existing = draft.spec().pod_failure_policy.clone();
     let mode = if existing.is_some() {
         settings.existing_policy
@@ -142,13 +152,14 @@ fn choose_rules(
 ) -> Option<(Vec<PodFailurePolicyRule>, Vec<String>)> {
     let fits = |rules: &[PodFailurePolicyRule]| kept.len() + rules.len() <= MAX_RULES;
     let mut notes = Vec::new();
-    let mut rules = condition_rules(settings, kept, &mut notes);
+    let mut rules = condition_rules(settings, draft.role, kept, &mut notes);
     for setting in &settings.exit_code_rules {
         for target in &devices.targets {
             rules.extend(exit_code_rule(
                 setting,
                 Some(target),
                 settings,
+                draft.role,
                 per_index,
                 kept,
                 &BTreeSet::new(),
@@ -161,13 +172,14 @@ fn choose_rules(
     }
 
     let mut notes = Vec::new();
-    let mut rules = condition_rules(settings, kept, &mut notes);
+    let mut rules = condition_rules(settings, draft.role, kept, &mut notes);
     let mut partial = Vec::new();
     for setting in &settings.exit_code_rules {
         let shared = exit_code_rule(
             setting,
             None,
             settings,
+            draft.role,
             per_index,
             kept,
             &BTreeSet::new(),
@@ -184,6 +196,7 @@ fn choose_rules(
                 setting,
                 Some(target),
                 settings,
+                draft.role,
                 per_index,
                 kept,
                 &covered,
@@ -227,6 +240,7 @@ fn dedup(notes: Vec<String>) -> Vec<String> {
 /// The pod-condition rules the Job does not already handle.
 fn condition_rules(
     settings: &FailurePolicySettings,
+    role: JobRole,
     kept: &[PodFailurePolicyRule],
     notes: &mut Vec<String>,
 ) -> Vec<PodFailurePolicyRule> {
@@ -239,20 +253,21 @@ fn condition_rules(
                     && pattern.status.as_deref().unwrap_or("True") == status
             })
         });
+        let action = role.action(condition.action);
         if let Some(rule) = handled_by {
-            if rule.action != condition.action.as_str() {
+            if rule.action != action.as_str() {
                 notes.push(format!(
                     "the Job's own {} rule handles {}={}; gpu-guard's {} rule is not added",
                     rule.action,
                     condition.condition_type,
                     status,
-                    condition.action.as_str()
+                    action.as_str()
                 ));
             }
             continue;
         }
         rules.push(PodFailurePolicyRule {
-            action: condition.action.as_str().to_owned(),
+            action: action.as_str().to_owned(),
             on_exit_codes: None,
             on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
                 type_: condition.condition_type.clone(),
@@ -270,12 +285,13 @@ fn exit_code_rule(
     setting: &ExitCodeRule,
     container: Option<&str>,
     settings: &FailurePolicySettings,
+    role: JobRole,
     per_index: bool,
     kept: &[PodFailurePolicyRule],
     exclude: &BTreeSet<i32>,
     notes: &mut Vec<String>,
 ) -> Option<PodFailurePolicyRule> {
-    let action = match setting.action {
+    let action = match role.action(setting.action) {
         RuleAction::FailJob if per_index && settings.fail_index_for_per_index_jobs => {
             RuleAction::FailIndex
         }

@@ -34,6 +34,7 @@
 mod change;
 mod failure_policy;
 pub mod job_view;
+pub mod jobset;
 pub mod object;
 pub mod patch;
 pub mod pod_settings;
@@ -47,8 +48,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use change::Change;
 pub use workload::{DeviceContainers, device_containers};
 
-use crate::policy::Policy;
+use crate::policy::{Policy, RuleAction};
 use crate::rules;
+use crate::rules::jobset::{GROUP as JOBSET_GROUP, JOBSET_NAME_LABEL};
 use crate::wellknown::{INJECT_KEY, MUTATED_ANNOTATION, SKIP_ANNOTATION};
 
 /// Why a Job was not considered for mutation at all.
@@ -60,6 +62,11 @@ pub enum SkipReason {
     NotDeviceWorkload,
     /// The Job has no spec or no pod template spec.
     NoPodSpec,
+    /// A child Job of a JobSet: its JobSet's failure policy protects the gang, and per-pod
+    /// `Ignore` rules would leave the other ranks waiting on the one being replaced.
+    JobSetChild,
+    /// The policy turns this kind of protection off (`mutation.gang.enabled: false`).
+    Disabled,
 }
 
 impl SkipReason {
@@ -68,6 +75,24 @@ impl SkipReason {
             Self::SkipAnnotation => "skip-annotation",
             Self::NotDeviceWorkload => "not-a-device-workload",
             Self::NoPodSpec => "no-pod-spec",
+            Self::JobSetChild => "jobset-child",
+            Self::Disabled => "disabled",
+        }
+    }
+
+    /// What the user is told: the object was left alone, and why.
+    pub fn describe(self) -> String {
+        match self {
+            Self::SkipAnnotation => format!("skipped ({SKIP_ANNOTATION} annotation)"),
+            Self::NotDeviceWorkload => "unchanged (no container requests a device resource \
+                                        listed in the policy)"
+                .to_owned(),
+            Self::NoPodSpec => "unchanged (no pod template spec)".to_owned(),
+            Self::JobSetChild => "unchanged (a child Job of a JobSet: its JobSet's failure \
+                                  policy restarts the gang on device failures; per-pod rules \
+                                  would leave the other ranks waiting)"
+                .to_owned(),
+            Self::Disabled => "unchanged (mutation.gang.enabled is false)".to_owned(),
         }
     }
 }
@@ -119,6 +144,7 @@ fn summarize(changes: &[Change]) -> String {
 /// [`Draft::apply`], so the typed copy and the change list never disagree.
 pub(crate) struct Draft {
     job: Job,
+    role: JobRole,
     changes: Vec<Change>,
     warnings: Vec<String>,
 }
@@ -141,10 +167,40 @@ impl Draft {
     }
 }
 
+/// How the Job the engine mutates runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobRole {
+    /// On its own (a Job, or the Jobs of a CronJob): a device failure is retried in place of
+    /// the failed pod (`Ignore`).
+    Standalone,
+    /// A replicated Job of a JobSet, one part of a gang: a device failure fails the child Job
+    /// at once (`FailJob`) so the JobSet restarts the whole gang, and an empty pod
+    /// `restartPolicy` (which JobSet's webhook would turn into `OnFailure`) becomes `Never`.
+    JobSetReplica,
+}
+
+impl JobRole {
+    /// The action a policy rule's action becomes in this role.
+    pub fn action(self, action: RuleAction) -> RuleAction {
+        match (self, action) {
+            (JobRole::JobSetReplica, RuleAction::Ignore) => RuleAction::FailJob,
+            (_, action) => action,
+        }
+    }
+}
+
 /// Decides and applies everything the policy asks for on one Job.
 pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
+    mutate_job_as(job, policy, JobRole::Standalone)
+}
+
+/// [`mutate_job`] for a Job in `role`.
+pub fn mutate_job_as(job: &Job, policy: &Policy, role: JobRole) -> Outcome {
     if has_true(job.metadata.annotations.as_ref(), SKIP_ANNOTATION) {
         return Outcome::skipped(job, SkipReason::SkipAnnotation);
+    }
+    if role == JobRole::Standalone && is_jobset_child(&job.metadata) {
+        return Outcome::skipped(job, SkipReason::JobSetChild);
     }
     let Some(pod) = job
         .spec
@@ -162,6 +218,7 @@ pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
 
     let mut draft = Draft {
         job: job.clone(),
+        role,
         changes: Vec::new(),
         warnings: Vec::new(),
     };
@@ -224,6 +281,21 @@ pub fn template_as_job(template: &JobTemplateSpec) -> Job {
         spec: template.spec.clone(),
         status: None,
     }
+}
+
+/// Whether a Job is a child of a JobSet: controlled by one (its ownerReference), or labelled
+/// with its name as JobSet labels its Jobs.
+pub fn is_jobset_child(metadata: &ObjectMeta) -> bool {
+    let owned = metadata.owner_references.iter().flatten().any(|owner| {
+        owner.kind == "JobSet"
+            && owner.api_version.starts_with(JOBSET_GROUP)
+            && owner.controller == Some(true)
+    });
+    owned
+        || metadata
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels.contains_key(JOBSET_NAME_LABEL))
 }
 
 /// Whether an object's metadata says `gpu-guard.io/skip: "true"`.

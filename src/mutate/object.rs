@@ -1,6 +1,7 @@
 //! A raw Kubernetes object (as JSON) through the engine: decode the typed Job (or a CronJob's
-//! `jobTemplate`), run [`mutate_job`], and derive the JSON Patch for the raw object. Shared by
-//! the CLI and the webhook, so both produce the same bytes for the same input.
+//! `jobTemplate`, or a JobSet spec), run [`mutate_job`] (or [`mutate_jobset`]), and derive the
+//! JSON Patch for the raw object. Shared by the CLI and the webhook, so both produce the same
+//! bytes for the same input.
 
 use json_patch::Patch;
 use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
@@ -8,29 +9,119 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::job_view;
+use super::jobset::{JobSetOutcome, mutate_jobset};
 use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
+use crate::field::FieldPath;
 use crate::mutate::{
     Outcome, SkipReason, is_skipped, mutate_job, mutate_job_template, template_as_job,
 };
 use crate::policy::Policy;
+use crate::rules::jobset::JobSetSpec;
 
 /// The kinds the engine mutates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MutableKind {
     Job,
     CronJob,
+    /// `jobset.x-k8s.io/v1alpha2` JobSet.
+    JobSet,
+    /// `trainer.kubeflow.org/v1alpha1` TrainingRuntime (its `spec.template.spec` is a JobSet
+    /// spec, the template of every TrainJob that names it).
+    TrainingRuntime,
+    /// `trainer.kubeflow.org/v1alpha1` ClusterTrainingRuntime.
+    ClusterTrainingRuntime,
 }
 
 impl MutableKind {
-    /// The kind of a raw object, when it is one the engine mutates (`batch/v1` only).
+    /// The kind for an API group, version and kind, if the engine mutates it.
+    pub fn from_gvk(group: &str, version: &str, kind: &str) -> Option<Self> {
+        Some(match (group, version, kind) {
+            ("batch", "v1", "Job") => Self::Job,
+            ("batch", "v1", "CronJob") => Self::CronJob,
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet") => Self::JobSet,
+            ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime") => Self::TrainingRuntime,
+            ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime") => {
+                Self::ClusterTrainingRuntime
+            }
+            _ => return None,
+        })
+    }
+
+    /// The kind of a raw object, when it is one the engine mutates.
     pub fn of(object: &Value) -> Option<Self> {
-        if object.get("apiVersion").and_then(Value::as_str) != Some("batch/v1") {
-            return None;
+        let api_version = object.get("apiVersion").and_then(Value::as_str)?;
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        Self::from_gvk(group, version, object.get("kind").and_then(Value::as_str)?)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Job => "Job",
+            Self::CronJob => "CronJob",
+            Self::JobSet => "JobSet",
+            Self::TrainingRuntime => "TrainingRuntime",
+            Self::ClusterTrainingRuntime => "ClusterTrainingRuntime",
         }
-        match object.get("kind").and_then(Value::as_str) {
-            Some("Job") => Some(Self::Job),
-            Some("CronJob") => Some(Self::CronJob),
-            _ => None,
+    }
+
+    /// The kind with its API group and version, for messages (`batch/v1 Job`).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Self::Job => "batch/v1 Job",
+            Self::CronJob => "batch/v1 CronJob",
+            Self::JobSet => "jobset.x-k8s.io/v1alpha2 JobSet",
+            Self::TrainingRuntime => "trainer.kubeflow.org/v1alpha1 TrainingRuntime",
+            Self::ClusterTrainingRuntime => "trainer.kubeflow.org/v1alpha1 ClusterTrainingRuntime",
+        }
+    }
+
+    /// Where the JobSet spec is in an object of a JobSet kind (`None` for Jobs and CronJobs).
+    pub fn jobset_spec_root(self) -> Option<&'static str> {
+        match self {
+            Self::JobSet => Some("/spec"),
+            Self::TrainingRuntime | Self::ClusterTrainingRuntime => Some("/spec/template/spec"),
+            Self::Job | Self::CronJob => None,
+        }
+    }
+}
+
+/// What an engine decided for one raw object.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ObjectOutcome {
+    /// A Job, or a CronJob's `jobTemplate`.
+    Job(Outcome),
+    /// A JobSet, or a Trainer runtime's JobSet template.
+    JobSet(JobSetOutcome),
+}
+
+impl ObjectOutcome {
+    pub fn warnings(&self) -> &[String] {
+        match self {
+            Self::Job(outcome) => &outcome.warnings,
+            Self::JobSet(outcome) => &outcome.warnings,
+        }
+    }
+
+    pub fn skipped(&self) -> Option<SkipReason> {
+        match self {
+            Self::Job(outcome) => outcome.skipped,
+            Self::JobSet(outcome) => outcome.skipped,
+        }
+    }
+
+    /// A one-line summary of the changes.
+    pub fn summary(&self) -> String {
+        match self {
+            Self::Job(outcome) => outcome.summary(),
+            Self::JobSet(outcome) => outcome.summary(),
+        }
+    }
+
+    /// The Job engine's outcome, for a Job or CronJob.
+    pub fn job(&self) -> Option<&Outcome> {
+        match self {
+            Self::Job(outcome) => Some(outcome),
+            Self::JobSet(_) => None,
         }
     }
 }
@@ -39,7 +130,7 @@ impl MutableKind {
 #[derive(Debug)]
 pub struct ObjectMutation {
     pub kind: MutableKind,
-    pub outcome: Outcome,
+    pub outcome: ObjectOutcome,
     /// The operations to send or apply; empty when nothing changed.
     pub patch: Patch,
 }
@@ -47,7 +138,7 @@ pub struct ObjectMutation {
 /// Why a raw object could not go through the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
-    #[error("the object does not decode as a batch/v1 {kind}: {source}")]
+    #[error("the object does not decode as a {kind}: {source}")]
     Decode {
         kind: &'static str,
         #[source]
@@ -68,27 +159,40 @@ fn mutate_known(
     kind: MutableKind,
     policy: &Policy,
 ) -> Result<ObjectMutation, ObjectError> {
-    let (outcome, root) = match kind {
+    let (outcome, patch) = match kind {
         MutableKind::Job => {
             let job = Job::deserialize_from(raw).map_err(|source| ObjectError::Decode {
-                kind: "Job",
+                kind: kind.api_name(),
                 source,
             })?;
-            (mutate_job(&job, policy), JOB_ROOT)
+            let outcome = mutate_job(&job, policy);
+            let patch = patch::operations(&outcome.changes, raw, JOB_ROOT);
+            (ObjectOutcome::Job(outcome), patch)
         }
         MutableKind::CronJob => {
-            let metadata: ObjectMeta = cron_job_part(raw, "/metadata")?.unwrap_or_default();
+            let metadata: ObjectMeta = part(raw, "/metadata", kind)?.unwrap_or_default();
             let template: JobTemplateSpec =
-                cron_job_part(raw, CRON_JOB_TEMPLATE_ROOT)?.unwrap_or_default();
+                part(raw, CRON_JOB_TEMPLATE_ROOT, kind)?.unwrap_or_default();
             let outcome = if is_skipped(&metadata) {
                 Outcome::skipped(&template_as_job(&template), SkipReason::SkipAnnotation)
             } else {
                 mutate_job_template(&template, policy)
             };
-            (outcome, CRON_JOB_TEMPLATE_ROOT)
+            let patch = patch::operations(&outcome.changes, raw, CRON_JOB_TEMPLATE_ROOT);
+            (ObjectOutcome::Job(outcome), patch)
+        }
+        MutableKind::JobSet
+        | MutableKind::TrainingRuntime
+        | MutableKind::ClusterTrainingRuntime => {
+            let root = kind.jobset_spec_root().unwrap_or("/spec");
+            let metadata: ObjectMeta = part(raw, "/metadata", kind)?.unwrap_or_default();
+            let spec: JobSetSpec = part(raw, root, kind)?.unwrap_or_default();
+            let path = FieldPath::new(root.trim_start_matches('/').split('/'));
+            let outcome = mutate_jobset(&metadata, &spec, &path, policy);
+            let patch = patch::jobset_operations(&outcome, raw, root);
+            (ObjectOutcome::JobSet(outcome), patch)
         }
     };
-    let patch = patch::operations(&outcome.changes, raw, root);
     if !patch.is_empty() {
         // Proves the operations apply before anyone sends or writes them.
         patch::check_applies(raw, &patch)?;
@@ -106,7 +210,7 @@ fn mutate_known(
 /// built. The outcome's Job has only the fields the engine reads.
 pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, ObjectError> {
     let view = job_view::decode(raw).map_err(|source| ObjectError::Decode {
-        kind: "Job",
+        kind: MutableKind::Job.api_name(),
         source,
     })?;
     let outcome = mutate_job(&view.job, policy);
@@ -116,21 +220,22 @@ pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, Obj
     }
     Ok(ObjectMutation {
         kind: MutableKind::Job,
-        outcome,
+        outcome: ObjectOutcome::Job(outcome),
         patch,
     })
 }
 
-/// Decodes the part of a raw CronJob at `pointer`, if it has one.
-fn cron_job_part<T: serde::de::DeserializeOwned>(
+/// Decodes the part of a raw object of `kind` at `pointer`, if it has one.
+fn part<T: serde::de::DeserializeOwned>(
     raw: &Value,
     pointer: &str,
+    kind: MutableKind,
 ) -> Result<Option<T>, ObjectError> {
     raw.pointer(pointer)
         .map(T::deserialize_from)
         .transpose()
         .map_err(|source| ObjectError::Decode {
-            kind: "CronJob",
+            kind: kind.api_name(),
             source,
         })
 }

@@ -13,6 +13,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::mutate::Change;
+use crate::mutate::jobset::{JobSetOutcome, RULE_PREFIX};
+use crate::wellknown::MUTATED_ANNOTATION;
 
 /// Where a Job's fields are inside an object: `""` for a Job, `/spec/jobTemplate` for a
 /// CronJob (whose `jobTemplate` has the Job's `metadata` and `spec`).
@@ -33,6 +35,78 @@ pub fn operations(changes: &[Change], raw: &Value, root: &str) -> Patch {
         builder.add_change(change);
     }
     Patch(builder.ops)
+}
+
+/// The JSON Patch that makes `raw` (a JobSet, or a Trainer runtime, whose JobSet spec is at
+/// `root`) carry what the JobSet engine decided: each replicated Job's changes under its
+/// `template`, the new `failurePolicy` (gpu-guard's rules in front of the JobSet's own, which
+/// are copied from `raw` so their unknown fields survive), and the `gpu-guard.io/mutated`
+/// annotation on the object.
+pub fn jobset_operations(outcome: &JobSetOutcome, raw: &Value, root: &str) -> Patch {
+    let mut ops = Vec::new();
+    for (index, job) in &outcome.replicated {
+        let template = format!("{root}/replicatedJobs/{index}/template");
+        ops.extend(operations(&job.changes, raw, &template).0);
+    }
+    let Some(policy) = &outcome.failure_policy else {
+        return Patch(ops);
+    };
+    let path = format!("{root}/failurePolicy");
+    let existing = raw.pointer(&path).filter(|value| value.is_object());
+    match existing {
+        None => ops.push(add(&path, json(policy))),
+        Some(existing) => {
+            ops.push(add(
+                &format!("{path}/maxRestarts"),
+                json(&policy.max_restarts),
+            ));
+            // The JobSet's own rules, as they came, after gpu-guard's (whose names start with
+            // RULE_PREFIX; the JobSet's cannot: such a JobSet is left alone).
+            let own: Vec<Value> = existing
+                .get("rules")
+                .and_then(Value::as_array)
+                .map(|rules| {
+                    rules
+                        .iter()
+                        .zip(
+                            policy
+                                .rules
+                                .iter()
+                                .filter(|r| !r.name.starts_with(RULE_PREFIX)),
+                        )
+                        .map(|(raw_rule, named)| {
+                            let mut rule = raw_rule.clone();
+                            if let Some(fields) = rule.as_object_mut() {
+                                fields.insert("name".to_owned(), Value::from(named.name.clone()));
+                            }
+                            rule
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut rules: Vec<Value> = policy
+                .rules
+                .iter()
+                .filter(|rule| rule.name.starts_with(RULE_PREFIX))
+                .map(json)
+                .collect();
+            rules.extend(own);
+            ops.push(add(&format!("{path}/rules"), Value::Array(rules)));
+        }
+    }
+    let annotation = Change::SetAnnotation {
+        key: MUTATED_ANNOTATION.to_owned(),
+        value: outcome.summary(),
+    };
+    ops.extend(operations(&[annotation], raw, JOB_ROOT).0);
+    Patch(ops)
+}
+
+fn add(path: &str, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::parse(path).expect("patch paths are built from escaped tokens"),
+        value,
+    })
 }
 
 /// Applies a patch to a copy of `raw`; an error means the patch must not be sent.

@@ -155,6 +155,32 @@ pub struct Mutation {
     /// the unlimited retries that `Ignore` rules allow). Unset by default.
     #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<i64>,
+    /// Gang training: JobSets and the JobSet template of Kubeflow Trainer runtimes.
+    pub gang: GangSettings,
+}
+
+/// How device failures are handled in a gang (a JobSet): the child Job fails fast and the
+/// JobSet restarts the whole gang, as JobSet recommends for host and hardware faults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GangSettings {
+    /// Protect JobSets and Trainer runtimes at all. The podFailurePolicy and pod settings
+    /// sections above say what their device replicated Jobs get.
+    pub enabled: bool,
+    /// Gang restarts granted for device failures and disruptions, on top of the JobSet's own
+    /// `failurePolicy.maxRestarts`, which is raised by this much: device restarts do not use up
+    /// the user's budget, and all restarts together stay bounded by `maxRestarts` plus this.
+    #[schemars(range(min = 1, max = 1000))]
+    pub device_restarts: i32,
+}
+
+impl Default for GangSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            device_restarts: 5,
+        }
+    }
 }
 
 /// How the pod failure policy is built.

@@ -224,6 +224,13 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             format!("must be at least 1 (or left out), found {deadline}"),
         );
     }
+    let restarts = policy.mutation.gang.device_restarts;
+    if !(1..=1000).contains(&restarts) {
+        report(
+            FieldPath::new(["mutation", "gang", "deviceRestarts"]),
+            format!("must be between 1 and 1000, found {restarts}"),
+        );
+    }
     problems.extend(validate_guard(&policy.guard));
     problems.extend(super::controller::validate_controller(&policy.controller));
     problems

@@ -1,0 +1,360 @@
+//! PURE: the gang-aware mutation of a JobSet spec (a JobSet's `spec`, or the JobSet template of a
+//! Kubeflow Trainer runtime).
+//!
+//! In a gang, retrying only the failed pod (`Ignore`) does harm: the other ranks wait in
+//! collective communication until their timeout, then fail anyway. JobSet's own guidance for
+//! host and hardware faults (jobset v0.12.0 `site/content/en/docs/tasks/failure_policy.md`
+//! L67-75) is the other way round, and this module builds it:
+//!
+//! 1. Every replicated Job whose pod template uses a device goes through the Job engine as a
+//!    [`JobRole::JobSetReplica`]: the device rules fail the child Job at once (`FailJob`), an
+//!    empty `restartPolicy` becomes `Never`, and the grace window and node-readiness
+//!    tolerations apply as for Jobs. Replicated Jobs without a device are left alone.
+//! 2. The JobSet's `failurePolicy` gets rules that tell those failures apart by the message the
+//!    Job controller writes on the Job's `Failed` condition (`... matching FailJob rule at index
+//!    N`, `pkg/controller/job/pod_failure_policy.go`): a failure from a rule whose policy action
+//!    is `Ignore` (a device fault, a disruption) restarts the gang
+//!    (`RestartJobSet`); one whose policy action is `FailJob` (a non-retriable code of the
+//!    strict profile) fails the JobSet (`FailJobSet`). Message patterns need JobSet v0.10.
+//! 3. `maxRestarts` is raised by `mutation.gang.deviceRestarts`, so device restarts do not use
+//!    up the user's budget and all restarts stay bounded. A JobSet without a failure policy
+//!    failed on any child failure; it keeps doing so for every other failure (a last
+//!    `FailJobSet` rule).
+//!
+//! The JobSet's own rules are kept after gpu-guard's (the first matching rule wins, and
+//! gpu-guard's match only the indices of its own child rules), an unnamed one named as JobSet's
+//! webhook would name it. `existingPolicy: Keep` leaves a JobSet that has failure-policy rules
+//! alone; `Replace` drops its rules.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::batch::v1::{Job, PodFailurePolicyRule};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::{Change, JobRole, Outcome, SkipReason, is_skipped, mutate_job_as};
+use crate::field::FieldPath;
+use crate::policy::{ExistingPolicy, Policy, RuleAction};
+use crate::rules::jobset::{
+    FailurePolicy, FailurePolicyRule, JobSetSpec, check_jobset_spec, default_rule_name,
+};
+
+/// The prefix of every failure-policy rule gpu-guard adds (a valid JobSet rule name start).
+pub const RULE_PREFIX: &str = "gpuGuard";
+/// The Job failure reason of a podFailurePolicy `FailJob` rule.
+const POD_FAILURE_POLICY_REASON: &str = "PodFailurePolicy";
+
+/// What the engine did to one JobSet spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobSetOutcome {
+    /// The mutated spec (unchanged when nothing was done).
+    pub spec: JobSetSpec,
+    /// The Job engine's outcome for each replicated Job it changed, by index.
+    pub replicated: Vec<(usize, Outcome)>,
+    /// The new `failurePolicy`, when it changed.
+    pub failure_policy: Option<FailurePolicy>,
+    pub warnings: Vec<String>,
+    pub skipped: Option<SkipReason>,
+}
+
+impl JobSetOutcome {
+    fn unchanged(spec: &JobSetSpec, warnings: Vec<String>, skipped: Option<SkipReason>) -> Self {
+        Self {
+            spec: spec.clone(),
+            replicated: Vec::new(),
+            failure_policy: None,
+            warnings,
+            skipped,
+        }
+    }
+
+    /// Whether anything changed.
+    pub fn is_changed(&self) -> bool {
+        !self.replicated.is_empty() || self.failure_policy.is_some()
+    }
+
+    /// A one-line summary of the changes (for the `gpu-guard.io/mutated` annotation and logs).
+    pub fn summary(&self) -> String {
+        let mut parts: Vec<String> = self
+            .replicated
+            .iter()
+            .map(|(index, outcome)| {
+                let name = &self.spec.replicated_jobs[*index].name;
+                format!("replicatedJob {name}: {}", outcome.summary())
+            })
+            .collect();
+        if let Some(policy) = &self.failure_policy {
+            let ours = policy
+                .rules
+                .iter()
+                .filter(|rule| rule.name.starts_with(RULE_PREFIX))
+                .count();
+            parts.push(format!(
+                "failurePolicy: {ours} gang rules, maxRestarts={}",
+                policy.max_restarts.unwrap_or_default()
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Mutates a JobSet spec whose object has `metadata`; `path` is where the spec is
+/// (`spec`, or `spec.template.spec` in a Trainer runtime), for messages.
+pub fn mutate_jobset(
+    metadata: &ObjectMeta,
+    spec: &JobSetSpec,
+    path: &FieldPath,
+    policy: &Policy,
+) -> JobSetOutcome {
+    if is_skipped(metadata) {
+        return JobSetOutcome::unchanged(spec, Vec::new(), Some(SkipReason::SkipAnnotation));
+    }
+    if !policy.mutation.gang.enabled {
+        return JobSetOutcome::unchanged(spec, Vec::new(), Some(SkipReason::Disabled));
+    }
+    let existing_rules = spec
+        .failure_policy
+        .as_ref()
+        .is_some_and(|policy| !policy.rules.is_empty());
+    if existing_rules && policy.mutation.pod_failure_policy.existing_policy == ExistingPolicy::Keep
+    {
+        return JobSetOutcome::unchanged(
+            spec,
+            vec![
+                "the JobSet has failure-policy rules and existingPolicy is Keep: left \
+                  unchanged"
+                    .to_owned(),
+            ],
+            None,
+        );
+    }
+    if spec
+        .failure_policy
+        .iter()
+        .flat_map(|policy| &policy.rules)
+        .any(|rule| rule.name.starts_with(RULE_PREFIX))
+    {
+        // Protected already (a mutated manifest, or a JobSet built from a protected runtime).
+        return JobSetOutcome::unchanged(spec, Vec::new(), None);
+    }
+
+    let mut mutated = spec.clone();
+    let mut replicated = Vec::new();
+    let mut warnings = Vec::new();
+    for (index, replica) in spec.replicated_jobs.iter().enumerate() {
+        let job = Job {
+            metadata: replica.template.metadata.clone().unwrap_or_default(),
+            spec: replica.template.spec.clone(),
+            status: None,
+        };
+        let outcome = mutate_job_as(&job, policy, JobRole::JobSetReplica);
+        warnings.extend(
+            outcome
+                .warnings
+                .iter()
+                .map(|warning| format!("replicatedJob {}: {warning}", replica.name)),
+        );
+        if outcome.is_changed() {
+            let template = &mut mutated.replicated_jobs[index].template;
+            template.metadata = Some(outcome.job.metadata.clone());
+            template.spec = outcome.job.spec.clone();
+            replicated.push((index, outcome));
+        }
+    }
+    if replicated.is_empty() {
+        return JobSetOutcome::unchanged(spec, warnings, None);
+    }
+
+    let gang_rules = gang_rules(&mutated, &replicated, policy);
+    let failure_policy = merged_failure_policy(spec, gang_rules, policy, &mut warnings);
+    mutated.failure_policy = Some(failure_policy.clone());
+
+    let violations = check_jobset_spec(&mutated, path);
+    if let Some(first) = violations.first()
+        && check_jobset_spec(spec, path).is_empty()
+    {
+        warnings.push(format!(
+            "JobSet left unchanged, JobSet's webhook or the API server would reject the result: \
+             {first}"
+        ));
+        return JobSetOutcome::unchanged(spec, warnings, None);
+    }
+    JobSetOutcome {
+        spec: mutated,
+        replicated,
+        failure_policy: Some(failure_policy),
+        warnings,
+        skipped: None,
+    }
+}
+
+/// The retriable and non-retriable podFailurePolicy rule indices of one replicated Job:
+/// gpu-guard's `FailJob` rules whose policy action is `Ignore` (restart the gang), and those
+/// whose policy action is `FailJob` (fail the JobSet).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Classified {
+    retriable: Vec<usize>,
+    fatal: Vec<usize>,
+}
+
+/// gpu-guard's JobSet rules: for each group of replicated Jobs whose rule indices agree, a
+/// `FailJobSet` rule for the non-retriable indices and a `RestartJobSet` rule for the
+/// retriable ones, each targeting that group.
+fn gang_rules(
+    mutated: &JobSetSpec,
+    replicated: &[(usize, Outcome)],
+    policy: &Policy,
+) -> Vec<FailurePolicyRule> {
+    let mut groups: Vec<(Classified, Vec<String>)> = Vec::new();
+    for (index, outcome) in replicated {
+        let Some(rules) = outcome
+            .job
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.pod_failure_policy.as_ref())
+            .map(|policy| &policy.rules)
+        else {
+            continue;
+        };
+        let classified = classify(&rules[..own_rule_count(outcome)], policy);
+        if classified == Classified::default() {
+            continue;
+        }
+        let name = mutated.replicated_jobs[*index].name.clone();
+        match groups.iter_mut().find(|(c, _)| *c == classified) {
+            Some((_, names)) => names.push(name),
+            None => groups.push((classified, vec![name])),
+        }
+    }
+    let mut rules = Vec::new();
+    for (group, (classified, targets)) in groups.iter().enumerate() {
+        let suffix = if group == 0 {
+            String::new()
+        } else {
+            (group + 1).to_string()
+        };
+        for (indices, action, name) in [
+            (&classified.fatal, "FailJobSet", "NonRetriable"),
+            (&classified.retriable, "RestartJobSet", "DeviceRestart"),
+        ] {
+            if indices.is_empty() {
+                continue;
+            }
+            rules.push(FailurePolicyRule {
+                name: format!("{RULE_PREFIX}{name}{suffix}"),
+                action: action.to_owned(),
+                on_job_failure_reasons: vec![POD_FAILURE_POLICY_REASON.to_owned()],
+                on_job_failure_message_patterns: vec![index_pattern(indices)],
+                target_replicated_jobs: targets.clone(),
+            });
+        }
+    }
+    rules
+}
+
+/// How many rules at the front of the replicated Job's podFailurePolicy are gpu-guard's: the
+/// engine prepends its rules to the Job's own (Merge), or sets the whole policy.
+fn own_rule_count(outcome: &Outcome) -> usize {
+    outcome
+        .changes
+        .iter()
+        .find_map(|change| match change {
+            Change::PrependRules(added) => Some(added.len()),
+            Change::SetPodFailurePolicy(policy) => Some(policy.rules.len()),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Sorts gpu-guard's rules (`own`, the front of the policy) by what their policy action was.
+fn classify(own: &[PodFailurePolicyRule], policy: &Policy) -> Classified {
+    let settings = &policy.mutation.pod_failure_policy;
+    let mut classified = Classified::default();
+    for (index, rule) in own.iter().enumerate() {
+        if rule.action != RuleAction::FailJob.as_str() {
+            continue;
+        }
+        let original = if let Some(patterns) = &rule.on_pod_conditions {
+            settings
+                .pod_condition_rules
+                .iter()
+                .find(|setting| patterns.iter().any(|p| p.type_ == setting.condition_type))
+                .map(|setting| setting.action)
+        } else {
+            let codes: BTreeSet<i32> = rule
+                .on_exit_codes
+                .iter()
+                .flat_map(|codes| codes.values.iter().copied())
+                .collect();
+            settings
+                .exit_code_rules
+                .iter()
+                .find(|setting| setting.codes.iter().any(|code| codes.contains(code)))
+                .map(|setting| setting.action)
+        };
+        match original {
+            Some(RuleAction::Ignore) => classified.retriable.push(index),
+            Some(RuleAction::FailJob) => classified.fatal.push(index),
+            _ => {}
+        }
+    }
+    classified
+}
+
+/// The message pattern of the Job controller's `Failed` condition for these FailJob rules.
+fn index_pattern(indices: &[usize]) -> String {
+    let alternatives: Vec<String> = indices.iter().map(ToString::to_string).collect();
+    format!(
+        "matching FailJob rule at index ({})$",
+        alternatives.join("|")
+    )
+}
+
+/// The JobSet's failure policy with gpu-guard's rules in front and `maxRestarts` raised.
+fn merged_failure_policy(
+    spec: &JobSetSpec,
+    gang_rules: Vec<FailurePolicyRule>,
+    policy: &Policy,
+    warnings: &mut Vec<String>,
+) -> FailurePolicy {
+    let budget = policy.mutation.gang.device_restarts;
+    let Some(existing) = &spec.failure_policy else {
+        // Without a failure policy any child failure failed the JobSet: keep that for every
+        // failure gpu-guard's rules do not claim.
+        let mut rules = gang_rules;
+        rules.push(FailurePolicyRule {
+            name: format!("{RULE_PREFIX}OtherFailures"),
+            action: "FailJobSet".to_owned(),
+            ..FailurePolicyRule::default()
+        });
+        return FailurePolicy {
+            max_restarts: Some(budget),
+            restart_strategy: None,
+            rules,
+        };
+    };
+    let mut rules = gang_rules;
+    match policy.mutation.pod_failure_policy.existing_policy {
+        ExistingPolicy::Replace if !existing.rules.is_empty() => warnings.push(format!(
+            "the JobSet's {} failure-policy rules are replaced (existingPolicy: Replace)",
+            existing.rules.len()
+        )),
+        _ => rules.extend(existing.rules.iter().enumerate().map(|(index, rule)| {
+            let mut rule = rule.clone();
+            if rule.name.is_empty() {
+                rule.name = default_rule_name(index);
+            }
+            rule
+        })),
+    }
+    if existing.restart_strategy.as_deref() == Some("InPlaceRestart") {
+        warnings.push(format!(
+            "restartStrategy InPlaceRestart: maxRestarts also bounds in-place container \
+             restarts, and is raised by {budget}"
+        ));
+    }
+    FailurePolicy {
+        max_restarts: Some(existing.max_restarts.unwrap_or(0).saturating_add(budget)),
+        restart_strategy: existing.restart_strategy.clone(),
+        rules,
+    }
+}

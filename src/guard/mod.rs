@@ -71,8 +71,10 @@ pub fn unjudged_message(class: &str) -> String {
 pub struct PriorityViolation {
     /// What to do about it (the policy's mode for the namespace).
     pub mode: GuardMode,
-    /// `Kind namespace/name`, followed by `replicatedJob "name"` for JobSets and runtimes.
+    /// `Kind namespace/name`.
     pub subject: String,
+    /// The replicatedJob whose pod template this is (JobSets and Trainer runtimes).
+    pub replicated_job: Option<String>,
     /// Every reason the workload targets GPU nodes.
     pub targets: Vec<Target>,
     /// Whether a container requests or limits a device (which minimum applies).
@@ -84,8 +86,7 @@ pub struct PriorityViolation {
     /// Where `priorityClassName` goes.
     pub class_path: FieldPath,
     /// The workload's other pod templates below their minimum (a JobSet or Trainer runtime has
-    /// one per replicatedJob), each judged alone and naming its replicatedJob in `subject`;
-    /// their own `other_templates` are empty. Empty for the single-template kinds.
+    /// one per replicatedJob), each judged alone; their own `other_templates` are empty. Empty for the single-template kinds.
     pub other_templates: Vec<PriorityViolation>,
 }
 
@@ -217,7 +218,8 @@ impl Judging<'_> {
         }
         Ok(Verdict::Violation(PriorityViolation {
             mode: guard.mode_for(self.namespace),
-            subject: self.subject(template),
+            subject: self.subject(),
+            replicated_job: template.replicated_job.clone(),
             targets,
             uses_device,
             priority,
@@ -227,19 +229,15 @@ impl Judging<'_> {
         }))
     }
 
-    /// `Kind namespace/name`, followed by `replicatedJob "name"` when the template is one.
-    fn subject(&self, template: &PodTemplateView) -> String {
+    /// `Kind namespace/name`, or `Kind name` when cluster-scoped.
+    fn subject(&self) -> String {
         let kind = self.kind.as_str();
         let name = self.metadata.display_name();
-        let mut subject = if self.namespace.is_empty() {
+        if self.namespace.is_empty() {
             format!("{kind} {name}")
         } else {
             format!("{kind} {}/{name}", self.namespace)
-        };
-        if let Some(job) = &template.replicated_job {
-            let _ = write!(subject, " replicatedJob {job:?}");
         }
-        subject
     }
 }
 
@@ -653,10 +651,14 @@ impl PriorityViolation {
 
     /// [`PriorityViolation::message`] of this pod template alone.
     fn template_message(&self) -> String {
-        let mut text = format!(
-            "{} targets GPU nodes {}, so it needs priority >= {}, but {}. Why it targets GPU \
+        let mut text = self.subject.clone();
+        if let Some(job) = &self.replicated_job {
+            let _ = write!(text, " replicatedJob {job:?}");
+        }
+        let _ = write!(
+            text,
+            " targets GPU nodes {}, so it needs priority >= {}, but {}. Why it targets GPU \
              nodes: ",
-            self.subject,
             if self.uses_device {
                 "and uses a device"
             } else {
@@ -696,6 +698,10 @@ impl PriorityViolation {
             },
             self.minimum
         )];
+        // On its own line: the verdict line with it would often pass 120 characters.
+        if let Some(job) = &self.replicated_job {
+            warnings.push(format!("in replicatedJob {job:?}:"));
+        }
         // Paths relative to the pod spec, node-affinity ones from their term: a warning is cut
         // at 120 characters.
         let full = self.class_path.to_string();

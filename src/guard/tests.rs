@@ -750,8 +750,8 @@ fn every_replicated_job_of_jobsets_and_runtimes_is_judged_with_its_path_and_name
         let job =
             |index: usize| format!("{spec}.replicatedJobs[{index}].template.spec.template.spec");
         assert_eq!(
-            found.subject,
-            format!("{subject} replicatedJob \"launcher\"")
+            (found.subject.as_str(), found.replicated_job.as_deref()),
+            (subject, Some("launcher"))
         );
         assert_eq!(target_paths(&found), [format!("{}.tolerations[0]", job(1))]);
         assert_eq!(
@@ -761,10 +761,7 @@ fn every_replicated_job_of_jobsets_and_runtimes_is_judged_with_its_path_and_name
         // Every violating replicatedJob is reported at once, each with its own fix.
         assert_eq!(found.other_templates.len(), 1, "{kind:?}");
         let workers = &found.other_templates[0];
-        assert_eq!(
-            workers.subject,
-            format!("{subject} replicatedJob \"workers\"")
-        );
+        assert_eq!(workers.replicated_job.as_deref(), Some("workers"));
         assert_eq!(
             target_paths(workers),
             [format!("{}.nodeSelector[nvidia.com/gpu.present]", job(2))]
@@ -828,10 +825,7 @@ fn a_cluster_training_runtime_gets_the_default_mode_and_no_namespace_exemption()
             panic!("{namespace}")
         };
         assert_eq!(found.mode, GuardMode::Enforce, "{namespace}");
-        assert_eq!(
-            found.subject,
-            "ClusterTrainingRuntime train replicatedJob \"node\""
-        );
+        assert_eq!(found.subject, "ClusterTrainingRuntime train");
     }
 }
 
@@ -918,7 +912,7 @@ fn a_gang_verdict_is_its_worst_replicated_job() {
     let Ok(Verdict::Violation(found)) = verdict else {
         panic!("{verdict:?}")
     };
-    assert_eq!(found.subject, "JobSet team/train replicatedJob \"d\"");
+    assert_eq!(found.replicated_job.as_deref(), Some("d"));
     assert!(found.other_templates.is_empty());
 }
 
@@ -941,11 +935,13 @@ fn gang_warnings_name_each_replicated_job_and_its_fix() {
     assert_eq!(
         found.warnings(),
         [
-            "JobSet team/train replicatedJob \"launcher\": priority 0 is below the minimum 1000 for GPU nodes",
+            "JobSet team/train: priority 0 is below the minimum 1000 for GPU nodes",
+            "in replicatedJob \"launcher\":",
             "tolerations[0]: tolerates the GPU node taint nvidia.com/gpu",
             "fix: set priorityClassName to a class with value >= 1000",
             "or, if it needs no GPU node, remove the nvidia.com/gpu toleration",
-            "JobSet team/train replicatedJob \"workers\": priority -10 is below the minimum 0 for GPU nodes",
+            "JobSet team/train: priority -10 is below the minimum 0 for GPU nodes",
+            "in replicatedJob \"workers\":",
             "containers[0].resources.limits[nvidia.com/gpu]: container \"main\" uses the device nvidia.com/gpu",
             "fix: set priorityClassName to a class with value >= 0",
         ]

@@ -1417,3 +1417,133 @@ fn generate_webhook_config_prints_the_base_and_takes_options() {
         bad.stderr
     );
 }
+
+#[test]
+fn check_judges_each_trainer_runtime_under_the_default_mode() {
+    let runtimes = manifest_dir().join("tests/fixtures/trainer");
+    let source = |file: &str| runtimes.join(file).display().to_string();
+    let run_default = run(gpu_guard().arg("check").arg("-f").arg(&runtimes)).expect_code(0);
+    let lines: Vec<&str> = run_default.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "{} (document 0) ClusterTrainingRuntime deepspeed-distributed: allowed",
+                source("deepspeed-distributed.yaml")
+            ),
+            format!(
+                "{} (document 0) ClusterTrainingRuntime mlx-distributed: allowed",
+                source("mlx-distributed.yaml")
+            ),
+            format!(
+                "{} (document 0) ClusterTrainingRuntime torch-distributed: allowed",
+                source("torch-distributed.yaml")
+            ),
+            format!(
+                "{} (document 0) ClusterTrainingRuntime torchtune-llama3.2-1b: allowed (targets \
+                 GPU nodes; priority 0 >= 0)",
+                source("torchtune-llama3.2-1b.yaml")
+            ),
+            "4 object(s) checked: 4 allowed".to_owned(),
+        ]
+    );
+    // Raise the device minimum: the GPU runtime is denied, whatever the namespace of `check`
+    // or its mode (a cluster-scoped runtime serves TrainJobs of every namespace).
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\nguard:\n  namespaceModes: {research: Warn}\n  minimumPriority: {withDevice: 1000}\n",
+    )
+    .unwrap();
+    let denied = run(gpu_guard()
+        .arg("--policy")
+        .arg(&policy)
+        .args(["check", "--namespace", "research", "-o", "json", "-f"])
+        .arg(runtimes.join("torchtune-llama3.2-1b.yaml")))
+    .expect_code(1);
+    let report: Value = serde_json::from_str(&denied.stdout).unwrap();
+    let finding = &report["findings"][0];
+    assert_eq!(finding["kind"], "ClusterTrainingRuntime");
+    assert_eq!(finding["namespace"], "");
+    assert_eq!(
+        (&finding["verdict"], &finding["mode"]),
+        (&json!("denied"), &json!("Enforce"))
+    );
+    assert_eq!(
+        finding["reasons"],
+        json!([{
+            "field": "spec.template.spec.replicatedJobs[2].template.spec.template.spec.containers[0].resources.limits[nvidia.com/gpu]",
+            "what": "container \"node\" uses the device nvidia.com/gpu"
+        }])
+    );
+    assert!(
+        finding["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("ClusterTrainingRuntime torchtune-llama3.2-1b replicatedJob \"node\" targets GPU nodes and uses a device"),
+        "{finding}"
+    );
+}
+
+#[test]
+fn check_reports_every_violating_replicated_job_of_a_jobset() {
+    let jobset = r#"
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: sweep, namespace: research}
+spec:
+  replicatedJobs:
+  - name: driver
+    template:
+      spec:
+        template:
+          spec:
+            tolerations: [{key: nvidia.com/gpu, operator: Exists}]
+            containers: [{name: driver, image: busybox}]
+  - name: workers
+    replicas: 4
+    template:
+      spec:
+        template:
+          spec:
+            nodeSelector: {nvidia.com/gpu.present: "true"}
+            containers: [{name: worker, image: busybox}]
+"#;
+    let run = run(gpu_guard()
+        .args(["check", "-o", "json", "-f", "-"])
+        .write_stdin(jobset))
+    .expect_code(1);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let finding = &report["findings"][0];
+    assert_eq!(
+        (&finding["kind"], &finding["namespace"], &finding["name"]),
+        (&json!("JobSet"), &json!("research"), &json!("sweep"))
+    );
+    assert_eq!(
+        (&finding["priority"], &finding["minimum"]),
+        (&json!(0), &json!(1000))
+    );
+    let fields: Vec<&str> = finding["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|reason| reason["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.replicatedJobs[0].template.spec.template.spec.tolerations[0]",
+            "spec.replicatedJobs[1].template.spec.template.spec.nodeSelector[nvidia.com/gpu.present]",
+        ]
+    );
+    let message = finding["message"].as_str().unwrap();
+    assert!(
+        message.contains("JobSet research/sweep replicatedJob \"driver\" targets"),
+        "{message}"
+    );
+    assert!(
+        message.contains("JobSet research/sweep replicatedJob \"workers\" targets"),
+        "{message}"
+    );
+}

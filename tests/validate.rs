@@ -380,3 +380,306 @@ fn a_pod_update_adding_a_gpu_toleration_is_judged() {
         (ReviewOutcome::Allowed, None)
     );
 }
+
+// === JobSets, Trainer runtimes and Kueue ===
+
+/// A review of `object` for `/validate` in the envelope kube-apiserver v1.36 sends (copied from
+/// the Job fixtures): `old_object` makes it an UPDATE, by `user`.
+fn review_of(
+    (group, version, kind, resource): (&str, &str, &str, &str),
+    object: &Value,
+    old_object: Option<&Value>,
+    user: &str,
+) -> Value {
+    let (mut body, operation, options) = match old_object {
+        None => (
+            fixture("002-Job-CREATE-validate.json"),
+            "CREATE",
+            json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1",
+                   "fieldManager": "kubectl-client-side-apply", "fieldValidation": "Strict"}),
+        ),
+        // A merge patch arrives as an UPDATE with PatchOptions.
+        Some(_) => (
+            fixture("018-Job-UPDATE-validate.json"),
+            "UPDATE",
+            json!({"kind": "PatchOptions", "apiVersion": "meta.k8s.io/v1"}),
+        ),
+    };
+    let request = &mut body["request"];
+    let gvk = json!({"group": group, "version": version, "kind": kind});
+    let gvr = json!({"group": group, "version": version, "resource": resource});
+    request["kind"] = gvk.clone();
+    request["requestKind"] = gvk;
+    request["resource"] = gvr.clone();
+    request["requestResource"] = gvr;
+    request["uid"] = json!(format!(
+        "0f6c3a52-7d0e-4c8e-9a51-{:012}",
+        object.to_string().len()
+    ));
+    request["operation"] = json!(operation);
+    request["options"] = options;
+    request["name"] = object["metadata"]["name"].clone();
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => request["namespace"] = json!(namespace),
+        // A cluster-scoped object's request has no namespace.
+        None => {
+            if let Some(request) = request.as_object_mut() {
+                request.remove("namespace");
+            }
+        }
+    }
+    request["userInfo"]["username"] = json!(user);
+    request["object"] = object.clone();
+    request["oldObject"] = old_object.cloned().unwrap_or(Value::Null);
+    body
+}
+
+const JOBSET: (&str, &str, &str, &str) = ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets");
+const JOB: (&str, &str, &str, &str) = ("batch", "v1", "Job", "jobs");
+const KUEUE: &str = "system:serviceaccount:kueue-system:kueue-controller-manager";
+
+/// The first document of a fixture file, as JSON.
+fn manifest(path: &str) -> Value {
+    let path = format!("{}/tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (documents, error) = gpu_guard::manifest::parse(&text, &path);
+    assert!(error.is_none(), "{error:?}");
+    documents[0].value.clone()
+}
+
+/// Kueue's sample JobSet (two CPU replicatedJobs) as the API server holds it after CREATE:
+/// named, in `gpu-lab`, suspended by Kueue's webhook.
+fn kueue_jobset() -> Value {
+    let mut jobset = manifest("jobset/kueue-sample-jobset.yaml");
+    jobset["metadata"]["name"] = json!("sleep-job-x7k2p");
+    jobset["metadata"]["namespace"] = json!("gpu-lab");
+    jobset["spec"]["suspend"] = json!(true);
+    jobset
+}
+
+/// What Kueue's UPDATE does when it admits a suspended workload on a flavor of GPU nodes: the
+/// flavor's nodeSelector, tolerations and labels into each pod template, `suspend: false`.
+fn admitted_on_gpu_flavor(object: &Value, templates: &[&str]) -> Value {
+    let mut admitted = object.clone();
+    admitted["spec"]["suspend"] = json!(false);
+    for pointer in templates {
+        let template = admitted.pointer_mut(pointer).unwrap();
+        template["metadata"]["labels"]["kueue.x-k8s.io/podset"] = json!("main");
+        template["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.present": "true"});
+        template["spec"]["tolerations"] =
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]);
+    }
+    admitted
+}
+
+#[test]
+fn a_jobset_is_judged_per_replicated_job_in_every_mode() {
+    let mut jobset = kueue_jobset();
+    jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["tolerations"] =
+        json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+    let body = review_of(JOBSET, &jobset, None, "lab-admin");
+    let mut policy = Policy::embedded();
+
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Denied);
+    let response = answer(&reviewed);
+    assert_eq!(response["uid"], body["request"]["uid"]);
+    assert_eq!(response["status"]["code"], 403);
+    assert_eq!(
+        response["status"]["message"],
+        "gpu-guard: JobSet gpu-lab/sleep-job-x7k2p replicatedJob \"driver\" targets GPU nodes \
+         without using a device, so it needs priority >= 1000, but its priority is 0 (no \
+         priorityClassName and no globalDefault PriorityClass). Why it targets GPU nodes: \
+         spec.replicatedJobs[1].template.spec.template.spec.tolerations[0] tolerates the GPU \
+         node taint nvidia.com/gpu. Fix: set \
+         spec.replicatedJobs[1].template.spec.template.spec.priorityClassName to a \
+         PriorityClass with value >= 1000, or remove the nvidia.com/gpu toleration if it does \
+         not need a GPU node."
+    );
+
+    policy.guard.mode = GuardMode::Warn;
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Warned);
+    let warnings = answer(&reviewed)["warnings"].clone();
+    assert_eq!(
+        warnings,
+        json!([
+            "gpu-guard: JobSet gpu-lab/sleep-job-x7k2p: priority 0 is below the minimum 1000 for GPU nodes",
+            "gpu-guard: in replicatedJob \"driver\":",
+            "gpu-guard: tolerations[0]: tolerates the GPU node taint nvidia.com/gpu",
+            "gpu-guard: fix: set priorityClassName to a class with value >= 1000",
+            "gpu-guard: or, if it needs no GPU node, remove the nvidia.com/gpu toleration",
+        ])
+    );
+
+    policy.guard.mode = GuardMode::Audit;
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Audited);
+    let response = answer(&reviewed);
+    assert_eq!(response["allowed"], true);
+    assert!(
+        response["auditAnnotations"][GUARD_AUDIT_KEY]
+            .as_str()
+            .unwrap()
+            .contains("spec.replicatedJobs[1].template.spec.template.spec.tolerations[0]")
+    );
+}
+
+#[test]
+fn a_jobset_update_is_judged_only_when_a_pod_template_changes() {
+    let policy = Policy::embedded();
+    let mut violating = kueue_jobset();
+    violating["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["tolerations"] =
+        json!([{"operator": "Exists"}]);
+    // Admitted before its namespace opted in: relabelling it is not judged again.
+    let mut relabelled = violating.clone();
+    relabelled["metadata"]["labels"]["team"] = json!("research");
+    let reviewed = run(
+        &review_of(JOBSET, &relabelled, Some(&violating), "lab-admin"),
+        &policy,
+    )
+    .unwrap();
+    assert_eq!(
+        (reviewed.outcome, reviewed.guard),
+        (ReviewOutcome::Allowed, None)
+    );
+    // A change to another replicatedJob's template is: the whole object is judged again.
+    let mut changed = violating.clone();
+    changed["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["priorityClassName"] =
+        json!("system-cluster-critical");
+    let reviewed = run(
+        &review_of(JOBSET, &changed, Some(&violating), "lab-admin"),
+        &policy,
+    )
+    .unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Denied);
+}
+
+#[test]
+fn kueue_admitting_a_suspended_job_or_jobset_on_a_gpu_flavor_is_judged_at_its_update() {
+    // A CPU Job the user queues: Kueue's webhook labelled and suspended it.
+    let mut job = fixture("002-Job-CREATE-validate.json")["request"]["object"].clone();
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("user-queue");
+    job["spec"]["suspend"] = json!(true);
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "1"}});
+    let jobset = kueue_jobset();
+    for (gvk, created, templates) in [
+        (JOB, job, &[("/spec/template", "spec.template.spec")][..]),
+        (
+            JOBSET,
+            jobset,
+            &[
+                (
+                    "/spec/replicatedJobs/0/template/spec/template",
+                    "spec.replicatedJobs[0].template.spec.template.spec",
+                ),
+                (
+                    "/spec/replicatedJobs/1/template/spec/template",
+                    "spec.replicatedJobs[1].template.spec.template.spec",
+                ),
+            ][..],
+        ),
+    ] {
+        let kind = gvk.2;
+        let mut policy = Policy::embedded();
+        // The user's CREATE: nothing targets GPU nodes yet.
+        let reviewed = run(&review_of(gvk, &created, None, "lab-admin"), &policy).unwrap();
+        assert_eq!(reviewed.outcome, ReviewOutcome::Allowed, "{kind}");
+        assert_eq!(reviewed.guard.unwrap().outcome, "allowed", "{kind}");
+        // Kueue's UPDATE places the low-priority workload on the GPU flavor.
+        let pointers: Vec<&str> = templates.iter().map(|(pointer, _)| *pointer).collect();
+        let admitted = admitted_on_gpu_flavor(&created, &pointers);
+        let update = review_of(gvk, &admitted, Some(&created), KUEUE);
+        let reviewed = run(&update, &policy).unwrap();
+        assert_eq!(reviewed.outcome, ReviewOutcome::Denied, "{kind}");
+        let message = answer(&reviewed)["status"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        for (_, spec) in templates {
+            assert!(
+                message.contains(&format!(
+                    "{spec}.tolerations[0] tolerates the GPU node taint nvidia.com/gpu; \
+                     {spec}.nodeSelector[nvidia.com/gpu.present] selects the GPU node label"
+                )),
+                "{kind}: {spec}: {message}"
+            );
+        }
+        // In Warn mode Kueue's update goes through, and the warning says why.
+        policy.guard.mode = GuardMode::Warn;
+        let reviewed = run(&update, &policy).unwrap();
+        assert_eq!(reviewed.outcome, ReviewOutcome::Warned, "{kind}");
+        // Kueue evicting it suspends it and restores the templates: judged again, allowed.
+        let reviewed = run(&review_of(gvk, &created, Some(&admitted), KUEUE), &policy).unwrap();
+        assert_eq!(
+            (reviewed.outcome, reviewed.guard.map(|guard| guard.outcome)),
+            (ReviewOutcome::Allowed, Some("allowed")),
+            "{kind}"
+        );
+    }
+}
+
+#[test]
+fn trainer_runtimes_are_judged_and_a_cluster_runtime_under_the_default_mode() {
+    const RUNTIME: (&str, &str, &str, &str) = (
+        "trainer.kubeflow.org",
+        "v1alpha1",
+        "ClusterTrainingRuntime",
+        "clustertrainingruntimes",
+    );
+    // The torchtune runtime asks for GPUs with priority 0: met (withDevice is 0).
+    let runtime = manifest("trainer/torchtune-llama3.2-1b.yaml");
+    let body = review_of(RUNTIME, &runtime, None, "lab-admin");
+    assert!(body["request"].get("namespace").is_none());
+    let mut policy = Policy::embedded();
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.guard.unwrap().outcome, "allowed");
+    // Its dataset initializer tolerating the GPU taint: judged under the default mode, as no
+    // namespace's mode or exemption can apply to a runtime every namespace may use.
+    let mut tolerating = runtime.clone();
+    tolerating["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        ["tolerations"] = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+    policy.guard.mode = GuardMode::Warn;
+    policy
+        .guard
+        .namespace_modes
+        .insert("gpu-lab".into(), GuardMode::Enforce);
+    let reviewed = run(&review_of(RUNTIME, &tolerating, None, "lab-admin"), &policy).unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Warned);
+    assert_eq!(reviewed.guard.unwrap().mode, GuardMode::Warn);
+    let warnings = answer(&reviewed)["warnings"].clone();
+    assert_eq!(
+        warnings.as_array().unwrap()[..2],
+        [
+            "gpu-guard: ClusterTrainingRuntime torchtune-llama3.2-1b: priority 0 is below the \
+             minimum 1000 for GPU nodes",
+            "gpu-guard: in replicatedJob \"dataset-initializer\":",
+        ]
+    );
+    // A namespaced TrainingRuntime follows its namespace.
+    let mut namespaced = tolerating.clone();
+    namespaced["kind"] = json!("TrainingRuntime");
+    namespaced["metadata"]["namespace"] = json!("gpu-lab");
+    let reviewed = run(
+        &review_of(
+            (RUNTIME.0, RUNTIME.1, "TrainingRuntime", "trainingruntimes"),
+            &namespaced,
+            None,
+            "lab-admin",
+        ),
+        &policy,
+    )
+    .unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Denied);
+    let message = answer(&reviewed)["status"]["message"].clone();
+    assert!(
+        message.as_str().unwrap().contains(
+            "TrainingRuntime gpu-lab/torchtune-llama3.2-1b replicatedJob \"dataset-initializer\""
+        ),
+        "{message}"
+    );
+    assert!(message.as_str().unwrap().contains(
+        "spec.template.spec.replicatedJobs[0].template.spec.template.spec.tolerations[0]"
+    ));
+}

@@ -64,7 +64,7 @@ pub(super) fn validate(
                 view,
             )
             .map_err(|error| ReviewError::Internal(error.to_string()))?;
-            let mode = policy.guard.mode_for(namespace);
+            let mode = policy.guard.mode_for(kind.policy_namespace(namespace));
             let (outcome, label) = apply_verdict(&verdict, response);
             Ok(Some((
                 outcome,
@@ -77,9 +77,11 @@ pub(super) fn validate(
     }
 }
 
-/// The workload to judge, or `None` when there is nothing to judge: an UPDATE that leaves the
+/// The workload to judge, or `None` when there is nothing to judge: an UPDATE that leaves every
 /// pod spec as it was (labels, replicas, status, finalizers: a workload admitted before its
-/// namespace opted in must stay manageable), or one of an object being deleted.
+/// namespace opted in must stay manageable), or one of an object being deleted. An UPDATE that
+/// changes a pod spec is judged: Kueue admits a suspended Job or JobSet by adding its flavor's
+/// nodeSelector and tolerations to the templates, which may put it on GPU nodes.
 fn read_workload(
     kind: GuardedKind,
     object: &str,
@@ -91,7 +93,7 @@ fn read_workload(
     }
     if let Some(old) = old_object.filter(|old| old.get() != "null")
         && let Ok(old) = Workload::from_json(kind, old.get())
-        && old.spec == workload.spec
+        && old.templates == workload.templates
     {
         return Ok(None);
     }

@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use crate::field::FieldPath;
 
-/// The kinds the guard judges: Pods and every pod-template owner.
+/// The kinds the guard judges: Pods and every pod-template owner, JobSets and Kubeflow Trainer
+/// runtimes (one pod template per replicatedJob) included.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GuardedKind {
     Pod,
@@ -19,6 +20,9 @@ pub enum GuardedKind {
     ReplicationController,
     Job,
     CronJob,
+    JobSet,
+    TrainingRuntime,
+    ClusterTrainingRuntime,
 }
 
 impl GuardedKind {
@@ -33,6 +37,11 @@ impl GuardedKind {
             ("apps", "v1", "ReplicaSet") => Self::ReplicaSet,
             ("batch", "v1", "Job") => Self::Job,
             ("batch", "v1", "CronJob") => Self::CronJob,
+            ("jobset.x-k8s.io", "v1alpha2", "JobSet") => Self::JobSet,
+            ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime") => Self::TrainingRuntime,
+            ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime") => {
+                Self::ClusterTrainingRuntime
+            }
             _ => return None,
         })
     }
@@ -53,15 +62,21 @@ impl GuardedKind {
             Self::ReplicationController => "ReplicationController",
             Self::Job => "Job",
             Self::CronJob => "CronJob",
+            Self::JobSet => "JobSet",
+            Self::TrainingRuntime => "TrainingRuntime",
+            Self::ClusterTrainingRuntime => "ClusterTrainingRuntime",
         }
     }
 
-    /// Where the pod spec is in an object of this kind.
-    pub fn spec_path(self) -> FieldPath {
+    /// The namespace whose mode and exemptions apply to an object of this kind in `namespace`.
+    /// A ClusterTrainingRuntime is cluster-scoped: its pods run in the namespace of each TrainJob
+    /// that references it, unknown at admission, so none applies: the guard's default mode, and
+    /// no namespace exemption (a namespace's Warn or exemption must not open a runtime that
+    /// every namespace can use).
+    pub fn policy_namespace(self, namespace: &str) -> &str {
         match self {
-            Self::Pod => FieldPath::new(["spec"]),
-            Self::CronJob => FieldPath::new(["spec", "jobTemplate", "spec", "template", "spec"]),
-            _ => FieldPath::new(["spec", "template", "spec"]),
+            Self::ClusterTrainingRuntime => "",
+            _ => namespace,
         }
     }
 
@@ -73,11 +88,34 @@ impl GuardedKind {
     }
 }
 
-/// A workload decoded for the guard: its metadata and its pod spec.
+/// A workload decoded for the guard: its metadata and its pod templates.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workload {
     pub metadata: Metadata,
+    /// Every pod spec of the object, in its order: one for a Pod and the single-template owners,
+    /// one per replicatedJob for JobSets and Trainer runtimes (none when they list none).
+    pub templates: Vec<PodTemplateView>,
+}
+
+/// One pod spec of a workload and where it is.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodTemplateView {
+    /// The pod spec's path, e.g. `spec.replicatedJobs[1].template.spec.template.spec`.
+    pub path: FieldPath,
+    /// The name of its replicatedJob (JobSets and Trainer runtimes), to tell the user which one.
+    pub replicated_job: Option<String>,
     pub spec: PodSpecView,
+}
+
+impl PodTemplateView {
+    /// The only pod spec of a Pod or a single-template owner, at `path`.
+    fn single(path: &[&str], spec: PodSpecView) -> Vec<Self> {
+        vec![Self {
+            path: FieldPath::new(path.iter().copied()),
+            replicated_job: None,
+            spec,
+        }]
+    }
 }
 
 /// Why an object could not be decoded for the guard.
@@ -95,15 +133,41 @@ impl Workload {
         let decoded = match kind {
             GuardedKind::Pod => serde_json::from_str::<PodObject>(json).map(|pod| Self {
                 metadata: pod.metadata,
-                spec: pod.spec,
+                templates: PodTemplateView::single(&["spec"], pod.spec),
             }),
             GuardedKind::CronJob => serde_json::from_str::<CronJobObject>(json).map(|cron| Self {
                 metadata: cron.metadata,
-                spec: cron.spec.job_template.spec.template.spec,
+                templates: PodTemplateView::single(
+                    &["spec", "jobTemplate", "spec", "template", "spec"],
+                    cron.spec.job_template.spec.template.spec,
+                ),
             }),
-            _ => serde_json::from_str::<TemplateOwner>(json).map(|owner| Self {
+            GuardedKind::JobSet => serde_json::from_str::<JobSetObject>(json).map(|jobset| Self {
+                metadata: jobset.metadata,
+                templates: jobset.spec.templates(FieldPath::new(["spec"])),
+            }),
+            // A runtime holds a whole JobSetSpec, the one the Trainer builds each TrainJob from.
+            GuardedKind::TrainingRuntime | GuardedKind::ClusterTrainingRuntime => {
+                serde_json::from_str::<RuntimeObject>(json).map(|runtime| Self {
+                    metadata: runtime.metadata,
+                    templates: runtime
+                        .spec
+                        .template
+                        .spec
+                        .templates(FieldPath::new(["spec", "template", "spec"])),
+                })
+            }
+            GuardedKind::Deployment
+            | GuardedKind::StatefulSet
+            | GuardedKind::DaemonSet
+            | GuardedKind::ReplicaSet
+            | GuardedKind::ReplicationController
+            | GuardedKind::Job => serde_json::from_str::<TemplateOwner>(json).map(|owner| Self {
                 metadata: owner.metadata,
-                spec: owner.spec.template.spec,
+                templates: PodTemplateView::single(
+                    &["spec", "template", "spec"],
+                    owner.spec.template.spec,
+                ),
             }),
         };
         decoded.map_err(|source| DecodeError {
@@ -260,4 +324,71 @@ struct CronJobSpec {
 struct JobTemplate {
     #[serde(default)]
     spec: TemplateSpec,
+}
+
+#[derive(Deserialize)]
+struct JobSetObject {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    spec: JobSetSpec,
+}
+
+/// A JobSetSpec (of a JobSet, or in a Trainer runtime's `spec.template.spec`).
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JobSetSpec {
+    #[serde(default)]
+    replicated_jobs: Option<Vec<ReplicatedJob>>,
+}
+
+impl JobSetSpec {
+    /// The pod spec of each replicatedJob, its path under `spec_path` (the JobSetSpec's).
+    fn templates(self, spec_path: FieldPath) -> Vec<PodTemplateView> {
+        let list = spec_path.child("replicatedJobs");
+        self.replicated_jobs
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(index, job)| PodTemplateView {
+                path: list
+                    .index(index)
+                    .child("template")
+                    .child("spec")
+                    .child("template")
+                    .child("spec"),
+                replicated_job: Some(job.name),
+                spec: job.template.spec.template.spec,
+            })
+            .collect()
+    }
+}
+
+#[derive(Default, Deserialize)]
+struct ReplicatedJob {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    template: JobTemplate,
+}
+
+#[derive(Deserialize)]
+struct RuntimeObject {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    spec: RuntimeSpec,
+}
+
+#[derive(Default, Deserialize)]
+struct RuntimeSpec {
+    #[serde(default)]
+    template: JobSetTemplate,
+}
+
+/// A runtime's `spec.template`: a JobSetTemplateSpec.
+#[derive(Default, Deserialize)]
+struct JobSetTemplate {
+    #[serde(default)]
+    spec: JobSetSpec,
 }

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement};
 
 pub use input::{
     AffinityView, ContainerView, DecodeError, GuardedKind, Metadata, NodeAffinityView,
-    OwnerReference, PodSpecView, ResourcesView, Workload,
+    OwnerReference, PodSpecView, PodTemplateView, ResourcesView, Workload,
 };
 pub use view::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode, Layered, StaticView};
 
@@ -73,6 +73,8 @@ pub struct PriorityViolation {
     pub mode: GuardMode,
     /// `Kind namespace/name`.
     pub subject: String,
+    /// The replicatedJob whose pod template this is (JobSets and Trainer runtimes).
+    pub replicated_job: Option<String>,
     /// Every reason the workload targets GPU nodes.
     pub targets: Vec<Target>,
     /// Whether a container requests or limits a device (which minimum applies).
@@ -83,6 +85,9 @@ pub struct PriorityViolation {
     pub minimum: i32,
     /// Where `priorityClassName` goes.
     pub class_path: FieldPath,
+    /// The workload's other pod templates below their minimum (a JobSet or Trainer runtime has
+    /// one per replicatedJob), each judged alone; their own `other_templates` are empty. Empty for the single-template kinds.
+    pub other_templates: Vec<PriorityViolation>,
 }
 
 /// One reason a workload targets GPU nodes.
@@ -113,7 +118,8 @@ pub enum Priority {
 pub struct NotSynced(pub String);
 
 /// Judges one workload of `kind` in `namespace` (the request's namespace: a Pod's metadata may
-/// not carry it yet).
+/// not carry it yet). Each pod template is judged alone, with its own priority; the workload
+/// violates when any of them does, and every violating template is reported at once.
 pub fn judge(
     kind: GuardedKind,
     namespace: &str,
@@ -125,11 +131,10 @@ pub fn judge(
     if !guard.enabled {
         return Ok(Verdict::Allowed(Allowed::Disabled));
     }
+    let namespace = kind.policy_namespace(namespace);
     if let Some(exemption) = exemption(kind, namespace, &workload.metadata, guard) {
         return Ok(Verdict::Allowed(Allowed::Exempt(exemption)));
     }
-    let spec = &workload.spec;
-    let spec_path = kind.spec_path();
     // The DaemonSet controller names the node of each pod it creates (matchFields): the
     // DaemonSet's template was judged, so its pods are not judged again for where they run.
     let placed_by_daemonset = kind == GuardedKind::Pod
@@ -137,53 +142,146 @@ pub fn judge(
             .metadata
             .controller()
             .is_some_and(|owner| owner.kind == "DaemonSet");
-    let targets = targets(&spec_path, spec, guard, devices, view, placed_by_daemonset)?;
-    if targets.is_empty() {
-        return Ok(Verdict::Allowed(Allowed::NotTargetingGpuNodes));
-    }
-    if let Some(class) = spec.priority_class_name.as_deref()
-        && guard.exemptions.priority_classes.iter().any(|c| c == class)
-    {
-        return Ok(Verdict::Allowed(Allowed::Exempt(format!(
-            "priority class {class:?} is exempt"
-        ))));
-    }
-    let uses_device = targets.iter().any(|target| target.device);
-    let minimum = if uses_device {
-        guard.minimum_priority.with_device
-    } else {
-        guard.minimum_priority.without_device
+    let judging = Judging {
+        kind,
+        namespace,
+        metadata: &workload.metadata,
+        guard,
+        devices,
+        view,
+        placed_by_daemonset,
     };
-    let priority = priority(kind, spec, view)?;
-    if let Priority::UnknownClass(class) = &priority
-        && !view.authoritative()
-    {
-        return Ok(Verdict::Allowed(Allowed::Unjudged {
-            class: class.clone(),
-        }));
+    let mut verdicts = Vec::with_capacity(workload.templates.len());
+    for template in &workload.templates {
+        verdicts.push(judging.template(template)?);
     }
-    if let Priority::Known { value, .. } = priority
-        && value >= minimum
-    {
-        return Ok(Verdict::Allowed(Allowed::PriorityMet {
-            priority: value,
-            minimum,
-        }));
-    }
-    let name = workload.metadata.display_name();
-    Ok(Verdict::Violation(PriorityViolation {
-        mode: guard.mode_for(namespace),
-        subject: if namespace.is_empty() {
-            format!("{} {name}", kind.as_str())
+    Ok(combine(verdicts))
+}
+
+/// What each pod template of one workload is judged with.
+struct Judging<'a> {
+    kind: GuardedKind,
+    /// The namespace whose mode applies ([`GuardedKind::policy_namespace`]).
+    namespace: &'a str,
+    metadata: &'a Metadata,
+    guard: &'a Guard,
+    devices: &'a DeviceResources,
+    view: &'a dyn ClusterView,
+    placed_by_daemonset: bool,
+}
+
+impl Judging<'_> {
+    /// One pod template's verdict, as if it were the workload's only one.
+    fn template(&self, template: &PodTemplateView) -> Result<Verdict, NotSynced> {
+        let (guard, view) = (self.guard, self.view);
+        let spec = &template.spec;
+        let spec_path = &template.path;
+        let targets = targets(
+            spec_path,
+            spec,
+            guard,
+            self.devices,
+            view,
+            self.placed_by_daemonset,
+        )?;
+        if targets.is_empty() {
+            return Ok(Verdict::Allowed(Allowed::NotTargetingGpuNodes));
+        }
+        if let Some(class) = spec.priority_class_name.as_deref()
+            && guard.exemptions.priority_classes.iter().any(|c| c == class)
+        {
+            return Ok(Verdict::Allowed(Allowed::Exempt(format!(
+                "priority class {class:?} is exempt"
+            ))));
+        }
+        let uses_device = targets.iter().any(|target| target.device);
+        let minimum = if uses_device {
+            guard.minimum_priority.with_device
         } else {
-            format!("{} {namespace}/{name}", kind.as_str())
-        },
-        targets,
-        uses_device,
-        priority,
-        minimum,
-        class_path: spec_path.child("priorityClassName"),
-    }))
+            guard.minimum_priority.without_device
+        };
+        let priority = priority(self.kind, spec, view)?;
+        if let Priority::UnknownClass(class) = &priority
+            && !view.authoritative()
+        {
+            return Ok(Verdict::Allowed(Allowed::Unjudged {
+                class: class.clone(),
+            }));
+        }
+        if let Priority::Known { value, .. } = priority
+            && value >= minimum
+        {
+            return Ok(Verdict::Allowed(Allowed::PriorityMet {
+                priority: value,
+                minimum,
+            }));
+        }
+        Ok(Verdict::Violation(PriorityViolation {
+            mode: guard.mode_for(self.namespace),
+            subject: self.subject(),
+            replicated_job: template.replicated_job.clone(),
+            targets,
+            uses_device,
+            priority,
+            minimum,
+            class_path: spec_path.child("priorityClassName"),
+            other_templates: Vec::new(),
+        }))
+    }
+
+    /// `Kind namespace/name`, or `Kind name` when cluster-scoped.
+    fn subject(&self) -> String {
+        let kind = self.kind.as_str();
+        let name = self.metadata.display_name();
+        if self.namespace.is_empty() {
+            format!("{kind} {name}")
+        } else {
+            format!("{kind} {}/{name}", self.namespace)
+        }
+    }
+}
+
+/// The workload's verdict from its templates' (one for most kinds): every violation, the first
+/// carrying the others; else an unjudged template (its priority may be too low); else the
+/// priority closest to its minimum; else an exemption by class; else nothing targets GPU nodes.
+fn combine(verdicts: Vec<Verdict>) -> Verdict {
+    let mut violations = Vec::new();
+    let mut unjudged = None;
+    let mut met: Option<(i32, i32)> = None;
+    let mut exempt = None;
+    for verdict in verdicts {
+        match verdict {
+            Verdict::Violation(violation) => violations.push(violation),
+            Verdict::Allowed(Allowed::Unjudged { class }) => {
+                unjudged.get_or_insert(class);
+            }
+            Verdict::Allowed(Allowed::PriorityMet { priority, minimum }) => {
+                let margin =
+                    |(priority, minimum): (i32, i32)| i64::from(priority) - i64::from(minimum);
+                if met.is_none_or(|closest| margin((priority, minimum)) < margin(closest)) {
+                    met = Some((priority, minimum));
+                }
+            }
+            Verdict::Allowed(Allowed::Exempt(why)) => {
+                exempt.get_or_insert(why);
+            }
+            Verdict::Allowed(Allowed::NotTargetingGpuNodes | Allowed::Disabled) => {}
+        }
+    }
+    let mut violations = violations.into_iter();
+    if let Some(mut first) = violations.next() {
+        first.other_templates = violations.collect();
+        return Verdict::Violation(first);
+    }
+    Verdict::Allowed(if let Some(class) = unjudged {
+        Allowed::Unjudged { class }
+    } else if let Some((priority, minimum)) = met {
+        Allowed::PriorityMet { priority, minimum }
+    } else if let Some(why) = exempt {
+        Allowed::Exempt(why)
+    } else {
+        Allowed::NotTargetingGpuNodes
+    })
 }
 
 /// The exemption that applies, described, if any.
@@ -540,12 +638,27 @@ fn priority(
 
 impl PriorityViolation {
     /// The whole story in one message (a denial, an audit annotation, `gpu-guard check`):
-    /// what targets GPU nodes, the priority found, the minimum and how to fix it.
+    /// what targets GPU nodes, the priority found, the minimum and how to fix it, for each
+    /// violating pod template.
     pub fn message(&self) -> String {
-        let mut text = format!(
-            "{} targets GPU nodes {}, so it needs priority >= {}, but {}. Why it targets GPU \
+        let mut text = self.template_message();
+        for other in &self.other_templates {
+            text.push(' ');
+            text.push_str(&other.template_message());
+        }
+        text
+    }
+
+    /// [`PriorityViolation::message`] of this pod template alone.
+    fn template_message(&self) -> String {
+        let mut text = self.subject.clone();
+        if let Some(job) = &self.replicated_job {
+            let _ = write!(text, " replicatedJob {job:?}");
+        }
+        let _ = write!(
+            text,
+            " targets GPU nodes {}, so it needs priority >= {}, but {}. Why it targets GPU \
              nodes: ",
-            self.subject,
             if self.uses_device {
                 "and uses a device"
             } else {
@@ -565,8 +678,17 @@ impl PriorityViolation {
     }
 
     /// The same, as admission warnings of at most 120 characters each (the API server's limit):
-    /// the verdict, one line per reason, and the fix.
+    /// the verdict, one line per reason, and the fix, for each violating pod template.
     pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = self.template_warnings();
+        for other in &self.other_templates {
+            warnings.extend(other.template_warnings());
+        }
+        warnings
+    }
+
+    /// [`PriorityViolation::warnings`] of this pod template alone.
+    fn template_warnings(&self) -> Vec<String> {
         let mut warnings = vec![format!(
             "{}: priority {} is below the minimum {} for GPU nodes",
             self.subject,
@@ -576,6 +698,10 @@ impl PriorityViolation {
             },
             self.minimum
         )];
+        // On its own line: the verdict line with it would often pass 120 characters.
+        if let Some(job) = &self.replicated_job {
+            warnings.push(format!("in replicatedJob {job:?}:"));
+        }
         // Paths relative to the pod spec, node-affinity ones from their term: a warning is cut
         // at 120 characters.
         let full = self.class_path.to_string();
@@ -628,7 +754,8 @@ impl PriorityViolation {
         }
     }
 
-    /// How to fix it: a class high enough, or (when it uses no device) stop targeting GPU nodes.
+    /// How to fix it: a class high enough, or (when it uses no device) stop targeting GPU nodes;
+    /// for this pod template (each of `other_templates` has its own).
     pub fn fix(&self) -> String {
         let mut fix = match &self.priority {
             Priority::UnknownClass(class) => format!(

@@ -683,3 +683,313 @@ fn an_exempt_cronjob_exempts_the_pods_of_its_jobs() {
         );
     }
 }
+
+// === JobSets and Kubeflow Trainer runtimes: one pod template per replicatedJob ===
+
+/// A replicatedJob named `name` whose pods have `pod_spec`.
+fn replicated_job(name: &str, pod_spec: Value) -> Value {
+    json!({"name": name, "replicas": 1, "template": {"spec": {"template": {"spec": pod_spec}}}})
+}
+
+/// An object of `kind` (a JobSet or a runtime) named `train` with these replicatedJobs.
+fn gang(kind: GuardedKind, replicated_jobs: Value) -> Workload {
+    let jobset_spec = json!({"replicatedJobs": replicated_jobs});
+    let object = match kind {
+        GuardedKind::JobSet => json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "train", "namespace": "team"}, "spec": jobset_spec}),
+        _ => json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind.as_str(),
+            "metadata": {"name": "train"},
+            "spec": {"mlPolicy": {"numNodes": 2}, "template": {"spec": jobset_spec}}}),
+    };
+    Workload::from_json(kind, &object.to_string()).unwrap()
+}
+
+const GPU_TOLERATION: &str = "nvidia.com/gpu";
+
+fn tolerating(extra: Value) -> Value {
+    let mut spec = json!({"tolerations": [{"key": GPU_TOLERATION, "operator": "Exists"}],
+        "containers": [{"name": "main"}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    spec
+}
+
+#[test]
+fn every_replicated_job_of_jobsets_and_runtimes_is_judged_with_its_path_and_name() {
+    let replicated_jobs = json!([
+        replicated_job("initializer", json!({"containers": [{"name": "init"}]})),
+        replicated_job("launcher", tolerating(json!({}))),
+        replicated_job(
+            "workers",
+            json!({
+                "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                "containers": [{"name": "main"}]
+            })
+        ),
+    ]);
+    for (kind, spec, subject) in [
+        (GuardedKind::JobSet, "spec", "JobSet team/train"),
+        (
+            GuardedKind::TrainingRuntime,
+            "spec.template.spec",
+            "TrainingRuntime team/train",
+        ),
+        // Cluster-scoped: judged with no namespace (see the next test).
+        (
+            GuardedKind::ClusterTrainingRuntime,
+            "spec.template.spec",
+            "ClusterTrainingRuntime train",
+        ),
+    ] {
+        let workload = gang(kind, replicated_jobs.clone());
+        let Verdict::Violation(found) = judge_with(kind, &workload, &Policy::default().guard)
+        else {
+            panic!("{kind:?}")
+        };
+        let job =
+            |index: usize| format!("{spec}.replicatedJobs[{index}].template.spec.template.spec");
+        assert_eq!(
+            (found.subject.as_str(), found.replicated_job.as_deref()),
+            (subject, Some("launcher"))
+        );
+        assert_eq!(target_paths(&found), [format!("{}.tolerations[0]", job(1))]);
+        assert_eq!(
+            found.class_path.to_string(),
+            format!("{}.priorityClassName", job(1))
+        );
+        // Every violating replicatedJob is reported at once, each with its own fix.
+        assert_eq!(found.other_templates.len(), 1, "{kind:?}");
+        let workers = &found.other_templates[0];
+        assert_eq!(workers.replicated_job.as_deref(), Some("workers"));
+        assert_eq!(
+            target_paths(workers),
+            [format!("{}.nodeSelector[nvidia.com/gpu.present]", job(2))]
+        );
+        let message = found.message();
+        assert!(
+            message.starts_with(&format!(
+                "{subject} replicatedJob \"launcher\" targets GPU nodes without using a device"
+            )),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!(
+                ". {subject} replicatedJob \"workers\" targets GPU nodes without using a device, \
+                 so it needs priority >= 1000"
+            )),
+            "{message}"
+        );
+        assert!(
+            message.ends_with(&format!(
+                "Fix: set {}.priorityClassName to a PriorityClass with value >= 1000, or remove \
+                 the nvidia.com/gpu.present node selector if it does not need a GPU node.",
+                job(2)
+            )),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn a_cluster_training_runtime_gets_the_default_mode_and_no_namespace_exemption() {
+    let mut guard = Policy::default().guard;
+    guard.namespace_modes.insert("team".into(), GuardMode::Warn);
+    guard.exemptions.namespaces = vec!["kubeflow-system".into()];
+    let policy = Policy::default();
+    let jobs = json!([replicated_job("node", tolerating(json!({})))]);
+    let run = |kind: GuardedKind, namespace: &str| {
+        judge(
+            kind,
+            namespace,
+            &gang(kind, jobs.clone()),
+            &guard,
+            &policy.devices,
+            &view(),
+        )
+        .unwrap()
+    };
+    // A namespaced runtime follows its namespace, as every other kind does.
+    let Verdict::Violation(found) = run(GuardedKind::TrainingRuntime, "team") else {
+        panic!()
+    };
+    assert_eq!(found.mode, GuardMode::Warn);
+    assert!(matches!(
+        run(GuardedKind::TrainingRuntime, "kubeflow-system"),
+        Verdict::Allowed(Allowed::Exempt(_))
+    ));
+    // A cluster-scoped one is used by TrainJobs of every namespace: whatever namespace a
+    // caller passes, the default mode applies and no namespace is exempt.
+    for namespace in ["", "team", "kubeflow-system"] {
+        let Verdict::Violation(found) = run(GuardedKind::ClusterTrainingRuntime, namespace) else {
+            panic!("{namespace}")
+        };
+        assert_eq!(found.mode, GuardMode::Enforce, "{namespace}");
+        assert_eq!(found.subject, "ClusterTrainingRuntime train");
+    }
+}
+
+#[test]
+fn a_gang_verdict_is_its_worst_replicated_job() {
+    let plain = json!({"containers": [{"name": "main"}]});
+    let high = tolerating(json!({"priorityClassName": "high"}));
+    let gpu =
+        json!({"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": 8}}}]});
+    let exempt = tolerating(json!({"priorityClassName": "batch-low"}));
+    let unknown = tolerating(json!({"priorityClassName": "not-offline"}));
+    let low = tolerating(json!({}));
+    let mut guard = Policy::default().guard;
+    guard.exemptions.priority_classes = vec!["batch-low".into()];
+    let policy = Policy::default();
+    // Not authoritative (as `check` without a cluster): an unknown class is unjudged.
+    let offline = {
+        let mut view = StaticView::from_policy(&policy.guard.offline);
+        view.add_priority_class("high", 1_000_000, false);
+        view
+    };
+    for (specs, expected) in [
+        (vec![], Verdict::Allowed(Allowed::NotTargetingGpuNodes)),
+        (
+            vec![&plain, &plain],
+            Verdict::Allowed(Allowed::NotTargetingGpuNodes),
+        ),
+        (
+            vec![&plain, &exempt],
+            Verdict::Allowed(Allowed::Exempt(
+                "priority class \"batch-low\" is exempt".into(),
+            )),
+        ),
+        // The replicatedJob closest to its minimum is the one reported.
+        (
+            vec![&high, &gpu, &exempt],
+            Verdict::Allowed(Allowed::PriorityMet {
+                priority: 0,
+                minimum: 0,
+            }),
+        ),
+        (
+            vec![&high, &unknown],
+            Verdict::Allowed(Allowed::Unjudged {
+                class: "not-offline".into(),
+            }),
+        ),
+    ] {
+        let jobs: Vec<Value> = specs
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| replicated_job(&format!("job-{index}"), (*spec).clone()))
+            .collect();
+        let workload = gang(GuardedKind::JobSet, Value::from(jobs));
+        assert_eq!(
+            judge(
+                GuardedKind::JobSet,
+                "team",
+                &workload,
+                &guard,
+                &policy.devices,
+                &offline
+            ),
+            Ok(expected.clone()),
+            "{specs:?}"
+        );
+    }
+    // A violation outweighs an unjudged, met or exempt replicatedJob.
+    let jobs = json!([
+        replicated_job("a", unknown),
+        replicated_job("b", high),
+        replicated_job("c", exempt),
+        replicated_job("d", low),
+    ]);
+    let workload = gang(GuardedKind::JobSet, jobs);
+    let verdict = judge(
+        GuardedKind::JobSet,
+        "team",
+        &workload,
+        &guard,
+        &policy.devices,
+        &offline,
+    );
+    let Ok(Verdict::Violation(found)) = verdict else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!(found.replicated_job.as_deref(), Some("d"));
+    assert!(found.other_templates.is_empty());
+}
+
+#[test]
+fn gang_warnings_name_each_replicated_job_and_its_fix() {
+    let jobs = json!([
+        replicated_job("launcher", tolerating(json!({}))),
+        replicated_job(
+            "workers",
+            json!({"priorityClassName": "preemptible",
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": 8}}}]})
+        ),
+    ]);
+    let workload = gang(GuardedKind::JobSet, jobs);
+    let Verdict::Violation(found) =
+        judge_with(GuardedKind::JobSet, &workload, &Policy::default().guard)
+    else {
+        panic!()
+    };
+    assert_eq!(
+        found.warnings(),
+        [
+            "JobSet team/train: priority 0 is below the minimum 1000 for GPU nodes",
+            "in replicatedJob \"launcher\":",
+            "tolerations[0]: tolerates the GPU node taint nvidia.com/gpu",
+            "fix: set priorityClassName to a class with value >= 1000",
+            "or, if it needs no GPU node, remove the nvidia.com/gpu toleration",
+            "JobSet team/train: priority -10 is below the minimum 0 for GPU nodes",
+            "in replicatedJob \"workers\":",
+            "containers[0].resources.limits[nvidia.com/gpu]: container \"main\" uses the device nvidia.com/gpu",
+            "fix: set priorityClassName to a class with value >= 0",
+        ]
+    );
+}
+
+#[test]
+fn jobset_and_trainer_kinds_are_known_by_group_and_version() {
+    for (api_version, kind, expected) in [
+        (
+            "jobset.x-k8s.io/v1alpha2",
+            "JobSet",
+            Some(GuardedKind::JobSet),
+        ),
+        (
+            "trainer.kubeflow.org/v1alpha1",
+            "TrainingRuntime",
+            Some(GuardedKind::TrainingRuntime),
+        ),
+        (
+            "trainer.kubeflow.org/v1alpha1",
+            "ClusterTrainingRuntime",
+            Some(GuardedKind::ClusterTrainingRuntime),
+        ),
+        // A TrainJob names a runtime and holds no pod template: its runtime is judged.
+        ("trainer.kubeflow.org/v1alpha1", "TrainJob", None),
+        ("jobset.x-k8s.io/v1alpha1", "JobSet", None),
+    ] {
+        let found = GuardedKind::from_api_version(api_version, kind);
+        assert_eq!(found, expected, "{api_version} {kind}");
+        if let Some(found) = found {
+            assert_eq!(found.as_str(), kind);
+            assert!(found.judged_at("CREATE") && found.judged_at("UPDATE"));
+        }
+    }
+}
+
+#[test]
+fn a_jobset_without_replicated_jobs_or_with_null_fields_decodes() {
+    for object in [
+        json!({"metadata": {"name": "empty"}, "spec": {}}),
+        json!({"metadata": {"name": "empty"}, "spec": {"replicatedJobs": null}}),
+        json!({"metadata": {"name": "empty"}}),
+    ] {
+        let workload = Workload::from_json(GuardedKind::JobSet, &object.to_string()).unwrap();
+        assert!(workload.templates.is_empty(), "{object}");
+    }
+    let runtime = json!({"metadata": {"name": "r"}, "spec": {"mlPolicy": {}}});
+    let workload = Workload::from_json(GuardedKind::ClusterTrainingRuntime, &runtime.to_string());
+    assert!(workload.unwrap().templates.is_empty());
+}

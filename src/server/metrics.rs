@@ -241,7 +241,7 @@ impl Drop for InFlight<'_> {
 
 /// Bounds the `kind` label to the kinds gpu-guard handles.
 pub fn kind_label(kind: &str) -> &'static str {
-    const KNOWN: [&str; 9] = [
+    const KNOWN: [&str; 12] = [
         "Job",
         "CronJob",
         "Pod",
@@ -250,6 +250,9 @@ pub fn kind_label(kind: &str) -> &'static str {
         "DaemonSet",
         "ReplicaSet",
         "ReplicationController",
+        "JobSet",
+        "TrainingRuntime",
+        "ClusterTrainingRuntime",
         "",
     ];
     KNOWN
@@ -269,5 +272,26 @@ pub fn operation_label(operation: &Operation) -> &'static str {
         Operation::Delete => "DELETE",
         Operation::Connect => "CONNECT",
         Operation::Unknown | Operation::Other(_) => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kind_label;
+
+    #[test]
+    fn kinds_the_webhooks_handle_keep_their_name_and_others_are_bounded() {
+        for (kind, label) in [
+            ("Job", "Job"),
+            ("Pod", "Pod"),
+            ("JobSet", "JobSet"),
+            ("TrainingRuntime", "TrainingRuntime"),
+            ("ClusterTrainingRuntime", "ClusterTrainingRuntime"),
+            ("TrainJob", "other"),
+            ("jobset", "other"),
+            ("", "unknown"),
+        ] {
+            assert_eq!(kind_label(kind), label, "{kind:?}");
+        }
     }
 }

@@ -24,6 +24,7 @@ pub struct Finding {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub item: Option<usize>,
     pub kind: String,
+    /// The object's namespace, else `check`'s; empty for a cluster-scoped ClusterTrainingRuntime.
     pub namespace: String,
     pub name: String,
     /// `allowed`, `exempt`, `unjudged`, `denied`, `warned`, `audited` or `error`.
@@ -33,9 +34,12 @@ pub struct Finding {
     /// The full explanation (for violations, exemptions, unjudged objects and errors).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Each reason the object targets GPU nodes (violations only).
+    /// Each reason the object targets GPU nodes (violations only; of every violating pod
+    /// template, each field naming its replicatedJob in a JobSet or runtime).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<Reason>,
+    /// The priority and minimum of the (first) violating pod template, or of the template
+    /// closest to its minimum when every one passes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,11 +130,14 @@ pub fn check(
         else {
             continue;
         };
-        let object_namespace = value
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-            .unwrap_or(namespace)
+        let object_namespace = guarded
+            .policy_namespace(
+                value
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or(namespace),
+            )
             .to_owned();
         let mode = policy.guard.mode_for(&object_namespace);
         let mut finding = Finding {
@@ -196,9 +203,9 @@ pub fn check(
                     GuardMode::Audit => "audited",
                 };
                 finding.message = Some(violation.message());
-                finding.reasons = violation
-                    .targets
-                    .iter()
+                finding.reasons = std::iter::once(&violation)
+                    .chain(&violation.other_templates)
+                    .flat_map(|template| &template.targets)
                     .map(|target| Reason {
                         field: target.path.to_string(),
                         what: target.what.clone(),
@@ -237,10 +244,13 @@ pub fn render_text(checked: &Checked) -> String {
             ),
             None => format!("{} (document {})", finding.source, finding.document),
         };
-        text.push_str(&format!(
-            "{location} {} {}/{}: {verdict}",
-            finding.kind, finding.namespace, finding.name
-        ));
+        // A cluster-scoped object (a ClusterTrainingRuntime) has no namespace to show.
+        let object = if finding.namespace.is_empty() {
+            finding.name.clone()
+        } else {
+            format!("{}/{}", finding.namespace, finding.name)
+        };
+        text.push_str(&format!("{location} {} {object}: {verdict}", finding.kind));
         if finding.verdict == "allowed"
             && let (Some(priority), Some(minimum)) = (finding.priority, finding.minimum)
         {

@@ -1444,6 +1444,13 @@ fn check_judges_each_trainer_runtime_under_the_default_mode() {
                  GPU nodes; priority 0 >= 0)",
                 source("torchtune-llama3.2-1b.yaml")
             ),
+            // The GPU runtime's JobSet template gets the gang protection; the others use no
+            // device.
+            "  mutate would: replicatedJob node: restartPolicy=Never, podFailurePolicy (3 rules), \
+             podReplacementPolicy=Failed, terminationGracePeriodSeconds=60, toleration \
+             node.kubernetes.io/not-ready=900s, toleration node.kubernetes.io/unreachable=900s; \
+             failurePolicy: 2 gang rules, maxRestarts=5"
+                .to_owned(),
             "4 object(s) checked: 4 allowed".to_owned(),
         ]
     );

@@ -291,16 +291,31 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
             ));
             assert_eq!(webhook.reinvocation_policy.as_deref(), Some("IfNeeded"));
             assert_eq!(webhook.side_effects, "None");
-            let rules = webhook.rules.as_ref().unwrap();
-            assert_eq!(rules.len(), 1);
+            for rule in webhook.rules.as_ref().unwrap() {
+                assert_eq!(
+                    rule.operations.as_deref(),
+                    Some(&["CREATE".to_owned()][..]),
+                    "objects are mutated at CREATE only"
+                );
+            }
+            // Cluster-scoped runtimes are not filtered by a namespaceSelector: their own
+            // webhook selects the opted-in ones by label.
+            let cluster_scoped = webhook
+                .rules
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|rule| rule.scope.as_deref() == Some("Cluster"));
             assert_eq!(
-                rules[0].operations.as_deref(),
-                Some(&["CREATE".to_owned()][..]),
-                "Jobs are mutated at CREATE only"
+                cluster_scoped,
+                webhook.object_selector.is_some(),
+                "{}",
+                webhook.name
             );
         }
     }
     for config in &validating {
+        let mut resources: Vec<String> = Vec::new();
         for webhook in config.webhooks.as_ref().unwrap() {
             client_configs.push((
                 webhook.name.as_str(),
@@ -309,31 +324,44 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
                 webhook.timeout_seconds.unwrap(),
             ));
             assert_eq!(webhook.side_effects, "None");
-            let resources: Vec<String> = webhook
-                .rules
-                .as_ref()
-                .unwrap()
-                .iter()
-                .flat_map(|r| r.resources.clone().unwrap())
-                .collect();
-            for kind in [
-                "pods",
-                "deployments",
-                "statefulsets",
-                "daemonsets",
-                "replicasets",
-                "replicationcontrollers",
-                "jobs",
-                "cronjobs",
-            ] {
-                assert!(
-                    resources.iter().any(|r| r == kind),
-                    "the validating webhook misses {kind}"
-                );
-            }
+            resources.extend(
+                webhook
+                    .rules
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|r| r.resources.clone().unwrap()),
+            );
+        }
+        for kind in [
+            "pods",
+            "deployments",
+            "statefulsets",
+            "daemonsets",
+            "replicasets",
+            "replicationcontrollers",
+            "jobs",
+            "cronjobs",
+            "jobsets",
+            "trainingruntimes",
+            "clustertrainingruntimes",
+        ] {
+            assert!(
+                resources.iter().any(|r| r == kind),
+                "the validating webhooks miss {kind}"
+            );
         }
     }
-    assert_eq!(client_configs.len(), 2 * mutating.len());
+    let webhook_count: usize = mutating
+        .iter()
+        .map(|c| c.webhooks.as_ref().unwrap().len())
+        .chain(
+            validating
+                .iter()
+                .map(|c| c.webhooks.as_ref().unwrap().len()),
+        )
+        .sum();
+    assert_eq!(client_configs.len(), webhook_count);
     for (name, client, failure_policy, timeout) in client_configs {
         assert!(
             timeout <= 10,
@@ -369,18 +397,27 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
         );
     }
 
-    // Both webhooks skip kube-system and gpu-guard's own namespace, and need the opt-in label.
-    for selector in mutating
+    // The namespaced webhooks skip kube-system and gpu-guard's own namespace, and need the
+    // opt-in label on the namespace; the cluster-scoped runtimes' webhooks need it on the object.
+    let selectors: Vec<_> = mutating
         .iter()
         .flat_map(|c| c.webhooks.clone().unwrap())
-        .map(|w| w.namespace_selector.unwrap())
+        .map(|w| (w.name, w.namespace_selector, w.object_selector))
         .chain(
             validating
                 .iter()
                 .flat_map(|c| c.webhooks.clone().unwrap())
-                .map(|w| w.namespace_selector.unwrap()),
+                .map(|w| (w.name, w.namespace_selector, w.object_selector)),
         )
-    {
+        .collect();
+    for (name, namespace_selector, object_selector) in selectors {
+        let Some(selector) = namespace_selector else {
+            let labels = object_selector
+                .and_then(|selector| selector.match_labels)
+                .unwrap_or_else(|| panic!("{name}: neither a namespace nor an object selector"));
+            assert_eq!(labels[wellknown::ENABLED_LABEL], "true", "{name}");
+            continue;
+        };
         let expressions = selector.match_expressions.unwrap();
         assert!(expressions.iter().any(|e| e.key == wellknown::ENABLED_LABEL
             && e.operator == "In"

@@ -598,71 +598,166 @@ fn client_config(options: &Options, path: &str) -> WebhookClientConfig {
     }
 }
 
-fn rule(group: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
-    RuleWithOperations {
-        api_groups: Some(vec![group.to_owned()]),
-        api_versions: Some(vec!["v1".to_owned()]),
-        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
-        operations: Some(operations.iter().map(|o| (*o).to_owned()).collect()),
-        scope: Some("Namespaced".to_owned()),
-    }
+/// One registration rule: `(API group, version, resources, operations)`.
+pub type Registration = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+fn rules(registrations: &[Registration], scope: &str) -> Vec<RuleWithOperations> {
+    registrations
+        .iter()
+        .map(
+            |(group, version, resources, operations)| RuleWithOperations {
+                api_groups: Some(vec![(*group).to_owned()]),
+                api_versions: Some(vec![(*version).to_owned()]),
+                resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+                operations: Some(operations.iter().map(|o| (*o).to_owned()).collect()),
+                scope: Some(scope.to_owned()),
+            },
+        )
+        .collect()
 }
 
-/// The resources the validating webhook judges, by API group, at CREATE and UPDATE (a Pod can
-/// gain tolerations and, while scheduling-gated, node selectors after it is created).
+/// The namespaced resources the mutating webhook changes, at CREATE: Jobs, CronJobs (their
+/// `jobTemplate`, so the protection is visible on the CronJob), JobSets and Kubeflow Trainer
+/// TrainingRuntimes (their JobSet template). When the JobSet or Trainer CRDs are not
+/// installed, the API server never sends those kinds.
+pub const MUTATED: [Registration; 3] = [
+    ("batch", "v1", &["jobs", "cronjobs"], &["CREATE"]),
+    ("jobset.x-k8s.io", "v1alpha2", &["jobsets"], &["CREATE"]),
+    (
+        "trainer.kubeflow.org",
+        "v1alpha1",
+        &["trainingruntimes"],
+        &["CREATE"],
+    ),
+];
+
+/// The resources the validating webhook judges, at CREATE and UPDATE (a Pod can gain
+/// tolerations and, while scheduling-gated, node selectors after it is created; Kueue admits a
+/// suspended Job or JobSet by an UPDATE that adds its flavor's node selector and tolerations).
 /// Subresources are not listed, so never sent.
-pub const VALIDATED: [(&str, &[&str], &[&str]); 3] = [
+pub const VALIDATED: [Registration; 5] = [
     (
         "",
+        "v1",
         &["pods", "replicationcontrollers"],
         &["CREATE", "UPDATE"],
     ),
     (
         "apps",
+        "v1",
         &["deployments", "statefulsets", "daemonsets", "replicasets"],
         &["CREATE", "UPDATE"],
     ),
-    ("batch", &["jobs", "cronjobs"], &["CREATE", "UPDATE"]),
+    ("batch", "v1", &["jobs", "cronjobs"], &["CREATE", "UPDATE"]),
+    (
+        "jobset.x-k8s.io",
+        "v1alpha2",
+        &["jobsets"],
+        &["CREATE", "UPDATE"],
+    ),
+    (
+        "trainer.kubeflow.org",
+        "v1alpha1",
+        &["trainingruntimes"],
+        &["CREATE", "UPDATE"],
+    ),
 ];
+
+/// ClusterTrainingRuntimes are cluster-scoped: a `namespaceSelector` does not filter them, so a
+/// webhook of their own selects those labelled `gpu-guard.io/enabled: "true"` (the opt-in of a
+/// cluster-scoped object). Mutated at CREATE, judged at CREATE and UPDATE.
+pub const CLUSTER_RUNTIMES: [Registration; 1] = [(
+    "trainer.kubeflow.org",
+    "v1alpha1",
+    &["clustertrainingruntimes"],
+    &["CREATE", "UPDATE"],
+)];
+
+/// The name of the webhooks for cluster-scoped Trainer runtimes (in both configurations).
+pub const CLUSTER_RUNTIMES_WEBHOOK_NAME: &str = "clustertrainingruntimes.gpu-guard.io";
+
+fn opted_in_objects() -> LabelSelector {
+    LabelSelector {
+        match_labels: Some([(ENABLED_LABEL.to_owned(), "true".to_owned())].into()),
+        ..LabelSelector::default()
+    }
+}
 
 /// The two webhook configurations.
 pub fn webhooks(options: &Options) -> Vec<Value> {
     let own = options.namespace.as_str();
     let mutating = MutatingWebhookConfiguration {
         metadata: meta("gpu-guard", None),
-        webhooks: Some(vec![MutatingWebhook {
-            name: MUTATING_WEBHOOK_NAME.to_owned(),
-            admission_review_versions: vec!["v1".to_owned()],
-            client_config: client_config(options, MUTATE_PATH),
-            failure_policy: Some(options.mutate_failure_policy.as_str().to_owned()),
-            match_policy: Some("Equivalent".to_owned()),
-            namespace_selector: Some(namespace_selector(own)),
-            reinvocation_policy: Some("IfNeeded".to_owned()),
-            rules: Some(vec![rule("batch", &["jobs", "cronjobs"], &["CREATE"])]),
-            side_effects: "None".to_owned(),
-            timeout_seconds: Some(TIMEOUT_SECONDS),
-            ..MutatingWebhook::default()
-        }]),
+        webhooks: Some(vec![
+            MutatingWebhook {
+                name: MUTATING_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(options, MUTATE_PATH),
+                failure_policy: Some(options.mutate_failure_policy.as_str().to_owned()),
+                match_policy: Some("Equivalent".to_owned()),
+                namespace_selector: Some(namespace_selector(own)),
+                reinvocation_policy: Some("IfNeeded".to_owned()),
+                rules: Some(rules(&MUTATED, "Namespaced")),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..MutatingWebhook::default()
+            },
+            MutatingWebhook {
+                name: CLUSTER_RUNTIMES_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(options, MUTATE_PATH),
+                failure_policy: Some(options.mutate_failure_policy.as_str().to_owned()),
+                match_policy: Some("Equivalent".to_owned()),
+                object_selector: Some(opted_in_objects()),
+                reinvocation_policy: Some("IfNeeded".to_owned()),
+                rules: Some(
+                    rules(&CLUSTER_RUNTIMES, "Cluster")
+                        .into_iter()
+                        .map(|mut rule| {
+                            rule.operations = Some(vec!["CREATE".to_owned()]);
+                            rule
+                        })
+                        .collect(),
+                ),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..MutatingWebhook::default()
+            },
+        ]),
     };
     let validating = ValidatingWebhookConfiguration {
         metadata: meta("gpu-guard", None),
-        webhooks: Some(vec![ValidatingWebhook {
-            name: VALIDATING_WEBHOOK_NAME.to_owned(),
-            admission_review_versions: vec!["v1".to_owned()],
-            client_config: client_config(options, VALIDATE_PATH),
-            failure_policy: Some(options.validate_failure_policy.as_str().to_owned()),
-            match_policy: Some("Equivalent".to_owned()),
-            namespace_selector: Some(namespace_selector(own)),
-            rules: Some(
-                VALIDATED
-                    .iter()
-                    .map(|(group, resources, operations)| rule(group, resources, operations))
-                    .collect(),
-            ),
-            side_effects: "None".to_owned(),
-            timeout_seconds: Some(TIMEOUT_SECONDS),
-            ..ValidatingWebhook::default()
-        }]),
+        webhooks: Some(vec![
+            ValidatingWebhook {
+                name: VALIDATING_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(options, VALIDATE_PATH),
+                failure_policy: Some(options.validate_failure_policy.as_str().to_owned()),
+                match_policy: Some("Equivalent".to_owned()),
+                namespace_selector: Some(namespace_selector(own)),
+                rules: Some(rules(&VALIDATED, "Namespaced")),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..ValidatingWebhook::default()
+            },
+            ValidatingWebhook {
+                name: CLUSTER_RUNTIMES_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(options, VALIDATE_PATH),
+                failure_policy: Some(options.validate_failure_policy.as_str().to_owned()),
+                match_policy: Some("Equivalent".to_owned()),
+                object_selector: Some(opted_in_objects()),
+                rules: Some(rules(&CLUSTER_RUNTIMES, "Cluster")),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..ValidatingWebhook::default()
+            },
+        ]),
     };
     vec![to_value(mutating), to_value(validating)]
 }

@@ -165,8 +165,13 @@ pub fn mutate_jobset(
     }
 
     let gang_rules = gang_rules(&mutated, &replicated, policy);
-    let failure_policy = merged_failure_policy(spec, gang_rules, policy, &mut warnings);
-    mutated.failure_policy = Some(failure_policy.clone());
+    // No device rule was added (e.g. restartPolicy OnFailure left as it is): the JobSet's
+    // failure policy has nothing new to tell apart.
+    let failure_policy = (!gang_rules.is_empty())
+        .then(|| merged_failure_policy(spec, gang_rules, policy, &mut warnings));
+    if let Some(failure_policy) = &failure_policy {
+        mutated.failure_policy = Some(failure_policy.clone());
+    }
 
     let violations = check_jobset_spec(&mutated, path);
     if let Some(first) = violations.first()
@@ -181,7 +186,7 @@ pub fn mutate_jobset(
     JobSetOutcome {
         spec: mutated,
         replicated,
-        failure_policy: Some(failure_policy),
+        failure_policy,
         warnings,
         skipped: None,
     }
@@ -358,3 +363,6 @@ fn merged_failure_policy(
         rules,
     }
 }
+
+#[cfg(test)]
+mod tests;

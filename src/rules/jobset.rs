@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::batch::v1::JobTemplateSpec;
+use k8s_openapi::api::batch::v1::{JobSpec, JobTemplateSpec};
 use serde::{Deserialize, Serialize};
 
 use super::job::check_job_spec;
@@ -129,7 +129,10 @@ pub fn check_jobset_spec(spec: &JobSetSpec, path: &FieldPath) -> Vec<Violation> 
         let template_spec_path = job_path.child("template").child("spec");
         match &job.template.spec {
             Some(job_spec) => {
-                violations.extend(check_job_spec(job_spec, &template_spec_path));
+                violations.extend(check_job_spec(
+                    &as_defaulted_by_jobset(job_spec),
+                    &template_spec_path,
+                ));
                 if in_place {
                     check_in_place_restart(job, job_spec, &template_spec_path, &mut violations);
                 }
@@ -146,11 +149,29 @@ pub fn check_jobset_spec(spec: &JobSetSpec, path: &FieldPath) -> Vec<Violation> 
     violations
 }
 
+/// A replicated Job's spec as JobSet's defaulting webhook leaves it before the Job rules apply:
+/// an empty pod `restartPolicy` becomes `OnFailure` (`jobset_webhook.go` L125-127).
+fn as_defaulted_by_jobset(spec: &JobSpec) -> std::borrow::Cow<'_, JobSpec> {
+    let empty = spec
+        .template
+        .spec
+        .as_ref()
+        .is_some_and(|pod| pod.restart_policy.as_deref().unwrap_or_default().is_empty());
+    if !empty {
+        return std::borrow::Cow::Borrowed(spec);
+    }
+    let mut defaulted = spec.clone();
+    if let Some(pod) = defaulted.template.spec.as_mut() {
+        pod.restart_policy = Some("OnFailure".to_owned());
+    }
+    std::borrow::Cow::Owned(defaulted)
+}
+
 /// `InPlaceRestart` constraints (`jobset_webhook.go` L266-281): never weakened by gpu-guard,
 /// which does not touch `backoffLimit`, `completions` or `parallelism`.
 fn check_in_place_restart(
     job: &ReplicatedJob,
-    spec: &k8s_openapi::api::batch::v1::JobSpec,
+    spec: &JobSpec,
     path: &FieldPath,
     violations: &mut Vec<Violation>,
 ) {
@@ -420,5 +441,25 @@ mod tests {
         let found = messages(&too_many);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].starts_with("spec.replicatedJobs[0].replicas: Invalid value: JobSet cannot have a failure policy rule with RestartJob"), "{found:?}");
+    }
+
+    #[test]
+    fn an_empty_restart_policy_is_checked_as_jobset_defaults_it() {
+        let mut job = never_job("workers");
+        job["template"]["spec"]["template"]["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("restartPolicy");
+        assert_eq!(
+            messages(&spec(json!({"replicatedJobs": [job.clone()]}))),
+            Vec::<String>::new()
+        );
+        job["template"]["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]});
+        assert_eq!(
+            messages(&spec(json!({"replicatedJobs": [job]}))),
+            [
+                "spec.replicatedJobs[0].template.spec.template.spec.restartPolicy: Invalid value: \"OnFailure\": only \"Never\" is supported when podFailurePolicy is specified"
+            ]
+        );
     }
 }

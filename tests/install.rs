@@ -294,8 +294,8 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
             for rule in webhook.rules.as_ref().unwrap() {
                 assert_eq!(
                     rule.operations.as_deref(),
-                    Some(&["CREATE".to_owned()][..]),
-                    "objects are mutated at CREATE only"
+                    Some(&["CREATE".to_owned(), "UPDATE".to_owned()][..]),
+                    "objects are mutated at CREATE, and put back at UPDATE"
                 );
             }
             // Cluster-scoped runtimes are not filtered by a namespaceSelector: their own

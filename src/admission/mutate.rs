@@ -1,5 +1,7 @@
-//! `/mutate`: a Job or CronJob CREATE through the mutation engine; the JSON Patch, derived
-//! from the engine's changes and proven to apply to the raw object, goes into the response.
+//! `/mutate`: a Job, CronJob, JobSet or Trainer runtime CREATE through the mutation engine; the
+//! JSON Patch, derived from the engine's changes and proven to apply to the raw object, goes
+//! into the response. On UPDATE, the one patch sent puts back, unchanged from the old object,
+//! what a server-side apply dropped of gpu-guard's changes ([`restore_object`]).
 
 use base64::Engine as _;
 
@@ -7,9 +9,12 @@ use super::ReviewOutcome;
 use super::envelope::{IncomingRequest, Operation, Response, ReviewError};
 use crate::mutate::SkipReason;
 use crate::mutate::object::{
-    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_object,
+    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_object, restore_object,
 };
 use crate::policy::Policy;
+use crate::wellknown::MUTATED_ANNOTATION;
+use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// Mutates the request's object when it is a batch/v1 Job or CronJob CREATE (everything else is
 /// allowed unchanged); returns the outcome and the size of the patch sent.
@@ -23,8 +28,10 @@ pub(super) fn mutate(
     let Some(mutable) = MutableKind::from_gvk(&kind.group, &kind.version, &kind.kind) else {
         return Ok((ReviewOutcome::Allowed, 0));
     };
-    if request.operation != Operation::Create {
-        return Ok((ReviewOutcome::Allowed, 0));
+    match request.operation {
+        Operation::Create => {}
+        Operation::Update => return restore(request, object, policy, response),
+        _ => return Ok((ReviewOutcome::Allowed, 0)),
     }
     let object =
         object.ok_or_else(|| ReviewError::MissingObject(request.operation.as_str().to_owned()))?;
@@ -71,6 +78,58 @@ pub(super) fn mutate(
         }
     }
     Ok((ReviewOutcome::Allowed, 0))
+}
+
+/// An UPDATE of an object gpu-guard mutated at CREATE: what the update drops of gpu-guard's
+/// additions is put back as the old object has it ([`restore_object`]); nothing else changes.
+fn restore(
+    request: &IncomingRequest<'_>,
+    object: Option<&str>,
+    policy: &Policy,
+    response: &mut Response,
+) -> Result<(ReviewOutcome, usize), ReviewError> {
+    let (Some(object), Some(old)) = (object, request.old_object.map(RawValue::get)) else {
+        return Ok((ReviewOutcome::Allowed, 0));
+    };
+    // Most updates are of objects gpu-guard never touched: no parsing for them.
+    if !old.contains(MUTATED_ANNOTATION) {
+        return Ok((ReviewOutcome::Allowed, 0));
+    }
+    let (new, old): (Value, Value) = match (serde_json::from_str(object), serde_json::from_str(old))
+    {
+        (Ok(new), Ok(old)) => (new, old),
+        (Err(source), _) | (_, Err(source)) => return Err(ReviewError::NotJson(source)),
+    };
+    match restore_object(&old, &new, policy) {
+        Some(Ok(mutation)) if !mutation.patch.is_empty() => {
+            let restored: Vec<String> = mutation
+                .patch
+                .iter()
+                .map(|op| op.path().to_string())
+                .collect();
+            let patch = serde_json::to_vec(&mutation.patch).expect("a JSON Patch serializes");
+            response.patch = Some(base64::engine::general_purpose::STANDARD.encode(&patch));
+            response.patch_type = Some("JSONPatch".to_owned());
+            response.warnings.push(format!(
+                "gpu-guard: put back what this update dropped of gpu-guard's changes at CREATE \
+                 ({}), as the object had it",
+                restored.join(", ")
+            ));
+            response.audit_annotations.insert(
+                "mutation".to_owned(),
+                format!("restored on UPDATE: {}", restored.join(", ")),
+            );
+            Ok((ReviewOutcome::Patched, patch.len()))
+        }
+        Some(Err(error @ ObjectError::PatchDoesNotApply(_))) => {
+            Err(ReviewError::Internal(error.to_string()))
+        }
+        Some(Err(error)) => {
+            response.warnings.push(format!("gpu-guard: {error}"));
+            Ok((ReviewOutcome::Allowed, 0))
+        }
+        _ => Ok((ReviewOutcome::Allowed, 0)),
+    }
 }
 
 /// A Job goes through the fast path (no `Value` of the whole object); a CronJob, rare at

@@ -621,18 +621,24 @@ fn rules(registrations: &[Registration], scope: &str) -> Vec<RuleWithOperations>
         .collect()
 }
 
-/// The namespaced resources the mutating webhook changes, at CREATE: Jobs, CronJobs (their
+/// The namespaced resources the mutating webhook changes: Jobs, CronJobs (their
 /// `jobTemplate`, so the protection is visible on the CronJob), JobSets and Kubeflow Trainer
-/// TrainingRuntimes (their JobSet template). When the JobSet or Trainer CRDs are not
+/// TrainingRuntimes (their JobSet template), at CREATE; at UPDATE only to put back what a
+/// server-side apply dropped of gpu-guard's changes. When the JobSet or Trainer CRDs are not
 /// installed, the API server never sends those kinds.
 pub const MUTATED: [Registration; 3] = [
-    ("batch", "v1", &["jobs", "cronjobs"], &["CREATE"]),
-    ("jobset.x-k8s.io", "v1alpha2", &["jobsets"], &["CREATE"]),
+    ("batch", "v1", &["jobs", "cronjobs"], &["CREATE", "UPDATE"]),
+    (
+        "jobset.x-k8s.io",
+        "v1alpha2",
+        &["jobsets"],
+        &["CREATE", "UPDATE"],
+    ),
     (
         "trainer.kubeflow.org",
         "v1alpha1",
         &["trainingruntimes"],
-        &["CREATE"],
+        &["CREATE", "UPDATE"],
     ),
 ];
 
@@ -670,7 +676,7 @@ pub const VALIDATED: [Registration; 5] = [
 
 /// ClusterTrainingRuntimes are cluster-scoped: a `namespaceSelector` does not filter them, so a
 /// webhook of their own selects those labelled `gpu-guard.io/enabled: "true"` (the opt-in of a
-/// cluster-scoped object). Mutated at CREATE, judged at CREATE and UPDATE.
+/// cluster-scoped object). Mutated and judged as the namespaced kinds are.
 pub const CLUSTER_RUNTIMES: [Registration; 1] = [(
     "trainer.kubeflow.org",
     "v1alpha1",
@@ -715,15 +721,7 @@ pub fn webhooks(options: &Options) -> Vec<Value> {
                 match_policy: Some("Equivalent".to_owned()),
                 object_selector: Some(opted_in_objects()),
                 reinvocation_policy: Some("IfNeeded".to_owned()),
-                rules: Some(
-                    rules(&CLUSTER_RUNTIMES, "Cluster")
-                        .into_iter()
-                        .map(|mut rule| {
-                            rule.operations = Some(vec!["CREATE".to_owned()]);
-                            rule
-                        })
-                        .collect(),
-                ),
+                rules: Some(rules(&CLUSTER_RUNTIMES, "Cluster")),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
                 ..MutatingWebhook::default()

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::job_view;
-use super::jobset::{JobSetOutcome, mutate_jobset};
+use super::jobset::{JobSetOutcome, lacks_exactly_the_gang_part, mutate_jobset};
 use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use crate::field::FieldPath;
 use crate::mutate::{
@@ -17,6 +17,7 @@ use crate::mutate::{
 };
 use crate::policy::Policy;
 use crate::rules::jobset::JobSetSpec;
+use crate::wellknown::MUTATED_ANNOTATION;
 
 /// The kinds the engine mutates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +201,110 @@ fn mutate_known(
     Ok(ObjectMutation {
         kind,
         outcome,
+        patch,
+    })
+}
+
+/// The fields gpu-guard may add to a Job (relative to where the Job is): the only ones it puts
+/// back on UPDATE.
+const JOB_OWNED: [&str; 6] = [
+    "/spec/podFailurePolicy",
+    "/spec/podReplacementPolicy",
+    "/spec/activeDeadlineSeconds",
+    "/spec/template/spec/restartPolicy",
+    "/spec/template/spec/terminationGracePeriodSeconds",
+    "/spec/template/spec/tolerations",
+];
+
+/// The one patch gpu-guard sends on UPDATE: for an object it mutated at CREATE (its
+/// `gpu-guard.io/mutated` annotation on `old`), each field it owns that `new` lacks exactly as
+/// gpu-guard added it is put back as `old` has it.
+///
+/// Why: a server-side apply by the manager that owns an enclosing atomic list (a Job's
+/// `podFailurePolicy.rules` or `tolerations`, a JobSet's `failurePolicy.rules`) sets the list to
+/// what it applies, dropping what gpu-guard added at CREATE; on an immutable field (a Job's
+/// `podFailurePolicy` and `template`, a JobSet's `failurePolicy` and `replicatedJobs`) the
+/// update is then refused, and a GitOps sync or a controller (Trainer re-applies its JobSet) is
+/// stuck retrying. Fields a mutating webhook adds are owned by no manager since Kubernetes 1.18
+/// (kubernetes#87672; apiserver `pkg/endpoints/handlers/create.go` updates managedFields before
+/// mutating admission), so an apply that never named them leaves them alone.
+///
+/// "Exactly as gpu-guard added it": the engine run on `new`, as at CREATE, gives `old`'s value.
+/// A value the user changed on purpose does not, and is left to the API server. No value that
+/// `old` does not have is ever written, so the update leaves these fields as they were.
+pub fn restore_object(
+    old: &Value,
+    new: &Value,
+    policy: &Policy,
+) -> Option<Result<ObjectMutation, ObjectError>> {
+    let kind = MutableKind::of(new)?;
+    let mutated_by_us = old
+        .pointer("/metadata/annotations")
+        .and_then(|annotations| annotations.get(MUTATED_ANNOTATION))
+        .is_some();
+    if !mutated_by_us || MutableKind::of(old) != Some(kind) {
+        return None;
+    }
+    Some(restore_known(kind, old, new, policy))
+}
+
+fn restore_known(
+    kind: MutableKind,
+    old: &Value,
+    new: &Value,
+    policy: &Policy,
+) -> Result<ObjectMutation, ObjectError> {
+    let redo = mutate_known(new, kind, policy)?;
+    let redone = patch::apply(new, &redo.patch)?;
+    let mut owned: Vec<String> = Vec::new();
+    let job_fields = |root: &str| -> Vec<String> {
+        JOB_OWNED
+            .iter()
+            .map(|path| format!("{root}{path}"))
+            .collect()
+    };
+    match kind.jobset_spec_root() {
+        None => {
+            let root = if kind == MutableKind::CronJob {
+                CRON_JOB_TEMPLATE_ROOT
+            } else {
+                JOB_ROOT
+            };
+            owned.extend(job_fields(root));
+        }
+        Some(root) => {
+            owned.push(format!("{root}/failurePolicy"));
+            let replicas = new
+                .pointer(&format!("{root}/replicatedJobs"))
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            for index in 0..replicas {
+                owned.extend(job_fields(&format!(
+                    "{root}/replicatedJobs/{index}/template"
+                )));
+            }
+        }
+    }
+    let ops: Vec<_> = owned
+        .iter()
+        .filter_map(|path| {
+            let was = old.pointer(path)?;
+            let is = new.pointer(path);
+            // A JobSet's failure policy: the engine adds nothing to a template that carries
+            // gpu-guard's rules already, so compare with the old policy less gpu-guard's part.
+            let dropped = redone.pointer(path) == Some(was)
+                || (path.ends_with("/failurePolicy")
+                    && lacks_exactly_the_gang_part(was, is, policy));
+            (is != Some(was) && dropped).then(|| patch::put_back(path, was))
+        })
+        .collect();
+    let patch = Patch(ops);
+    if !patch.is_empty() {
+        patch::check_applies(new, &patch)?;
+    }
+    Ok(ObjectMutation {
+        kind,
+        outcome: redo.outcome,
         patch,
     })
 }

@@ -102,6 +102,13 @@ pub fn jobset_operations(outcome: &JobSetOutcome, raw: &Value, root: &str) -> Pa
     Patch(ops)
 }
 
+/// The operation that puts `value`, the old object's, back at `path` (its parent exists: the
+/// owned fields of [`crate::mutate::object::restore_object`] hang below a Job's `spec` or pod
+/// template spec, or a JobSet spec).
+pub fn put_back(path: &str, value: &Value) -> PatchOperation {
+    add(path, value.clone())
+}
+
 fn add(path: &str, value: Value) -> PatchOperation {
     PatchOperation::Add(AddOperation {
         path: PointerBuf::parse(path).expect("patch paths are built from escaped tokens"),

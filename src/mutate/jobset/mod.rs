@@ -30,6 +30,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::batch::v1::{Job, PodFailurePolicyRule};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
 
 use super::{Change, JobRole, Outcome, SkipReason, is_skipped, mutate_job_as};
 use crate::field::FieldPath;
@@ -312,6 +313,56 @@ fn index_pattern(indices: &[usize]) -> String {
         "matching FailJob rule at index ({})$",
         alternatives.join("|")
     )
+}
+
+/// Whether `new` is exactly the failure policy `old` was before gpu-guard added its part
+/// (its rules, the raised `maxRestarts`, the names it gave unnamed rules): what a server-side
+/// apply of the user's own failure policy leaves once it owns the atomic `rules` list.
+pub fn lacks_exactly_the_gang_part(old: &Value, new: Option<&Value>, policy: &Policy) -> bool {
+    let Some(new) = new else {
+        return false;
+    };
+    let own_rules = |fp: &Value, strip_ours: bool| -> Vec<Value> {
+        fp.get("rules")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|rule| {
+                !strip_ours
+                    || !rule
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .is_some_and(|name| name.starts_with(RULE_PREFIX))
+            })
+            .enumerate()
+            .map(|(index, rule)| {
+                let mut rule = rule.clone();
+                if rule
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .is_empty()
+                    && let Some(fields) = rule.as_object_mut()
+                {
+                    fields.insert("name".to_owned(), Value::from(default_rule_name(index)));
+                }
+                rule
+            })
+            .collect()
+    };
+    let max_restarts = |fp: &Value| fp.get("maxRestarts").and_then(Value::as_i64).unwrap_or(0);
+    let ours = own_rules(old, false).len() != own_rules(old, true).len();
+    let without = |fp: &Value| {
+        let mut rest = fp.clone();
+        if let Some(fields) = rest.as_object_mut() {
+            fields.remove("rules");
+            fields.remove("maxRestarts");
+        }
+        rest
+    };
+    ours && own_rules(old, true) == own_rules(new, false)
+        && max_restarts(old) - i64::from(policy.mutation.gang.device_restarts) == max_restarts(new)
+        && without(old) == without(new)
 }
 
 /// The JobSet's failure policy with gpu-guard's rules in front and `maxRestarts` raised.

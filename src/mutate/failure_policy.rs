@@ -159,8 +159,10 @@ fn choose_rules(
                 setting,
                 Some(target),
                 settings,
-                draft.role,
-                per_index,
+                RuleShape {
+                    role: draft.role,
+                    per_index,
+                },
                 kept,
                 &BTreeSet::new(),
                 &mut notes,
@@ -179,8 +181,10 @@ fn choose_rules(
             setting,
             None,
             settings,
-            draft.role,
-            per_index,
+            RuleShape {
+                role: draft.role,
+                per_index,
+            },
             kept,
             &BTreeSet::new(),
             &mut notes,
@@ -196,8 +200,10 @@ fn choose_rules(
                 setting,
                 Some(target),
                 settings,
-                draft.role,
-                per_index,
+                RuleShape {
+                    role: draft.role,
+                    per_index,
+                },
                 kept,
                 &covered,
                 &mut notes,
@@ -278,6 +284,14 @@ fn condition_rules(
     rules
 }
 
+/// What decides a rule's action besides the policy: the Job's role, and whether it is an
+/// Indexed Job with `backoffLimitPerIndex` (standalone only).
+#[derive(Clone, Copy)]
+struct RuleShape {
+    role: JobRole,
+    per_index: bool,
+}
+
 /// The exit-code rule of one setting for one container (`None`: every container), without
 /// the codes in `exclude` and those the Job's own rules already handle for that container
 /// (for `None`: for any container). `None` when no code is left.
@@ -285,14 +299,13 @@ fn exit_code_rule(
     setting: &ExitCodeRule,
     container: Option<&str>,
     settings: &FailurePolicySettings,
-    role: JobRole,
-    per_index: bool,
+    shape: RuleShape,
     kept: &[PodFailurePolicyRule],
     exclude: &BTreeSet<i32>,
     notes: &mut Vec<String>,
 ) -> Option<PodFailurePolicyRule> {
-    let action = match role.action(setting.action) {
-        RuleAction::FailJob if per_index && settings.fail_index_for_per_index_jobs => {
+    let action = match shape.role.action(setting.action) {
+        RuleAction::FailJob if shape.per_index && settings.fail_index_for_per_index_jobs => {
             RuleAction::FailIndex
         }
         action => action,

@@ -90,7 +90,7 @@ impl MutableKind {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ObjectOutcome {
     /// A Job, or a CronJob's `jobTemplate`.
-    Job(Outcome),
+    Job(Box<Outcome>),
     /// A JobSet, or a Trainer runtime's JobSet template.
     JobSet(JobSetOutcome),
 }
@@ -168,7 +168,7 @@ fn mutate_known(
             })?;
             let outcome = mutate_job(&job, policy);
             let patch = patch::operations(&outcome.changes, raw, JOB_ROOT);
-            (ObjectOutcome::Job(outcome), patch)
+            (ObjectOutcome::Job(Box::new(outcome)), patch)
         }
         MutableKind::CronJob => {
             let metadata: ObjectMeta = part(raw, "/metadata", kind)?.unwrap_or_default();
@@ -180,7 +180,7 @@ fn mutate_known(
                 mutate_job_template(&template, policy)
             };
             let patch = patch::operations(&outcome.changes, raw, CRON_JOB_TEMPLATE_ROOT);
-            (ObjectOutcome::Job(outcome), patch)
+            (ObjectOutcome::Job(Box::new(outcome)), patch)
         }
         MutableKind::JobSet
         | MutableKind::TrainingRuntime
@@ -325,7 +325,7 @@ pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, Obj
     }
     Ok(ObjectMutation {
         kind: MutableKind::Job,
-        outcome: ObjectOutcome::Job(outcome),
+        outcome: ObjectOutcome::Job(Box::new(outcome)),
         patch,
     })
 }

@@ -402,6 +402,18 @@ fn merged_failure_policy(
             rule
         })),
     }
+    if existing
+        .rules
+        .iter()
+        .any(|rule| !rule.on_job_failure_message_patterns.is_empty())
+    {
+        warnings.push(
+            "the JobSet's own rules match Job failure messages: gpu-guard's podFailurePolicy \
+             rules come first in the device replicated Jobs, so a pattern naming the index of a \
+             Job's own rule (\"... rule at index N\") must count them"
+                .to_owned(),
+        );
+    }
     if existing.restart_strategy.as_deref() == Some("InPlaceRestart") {
         warnings.push(format!(
             "restartStrategy InPlaceRestart: maxRestarts also bounds in-place container \

@@ -1137,3 +1137,99 @@ fn merging_after_the_shared_rule_fallback_is_idempotent() {
     assert_eq!(for_c.len(), 1);
     assert_eq!(for_c[0].values, vec![75]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// JobSets: the generated Jobs as the replicated Jobs of a gang
+
+/// A JobSet of 1-3 generated Jobs (their specs as the replicated Jobs' templates, some with
+/// an empty restartPolicy, as JobSet users leave it), with or without a failure policy of its
+/// own, and a field this version does not know, in the spec and in the JobSet's own rule.
+fn jobset() -> impl Strategy<Value = Value> {
+    (
+        prop::collection::vec((job(), any::<bool>()), 1..=3),
+        prop::option::of((0..4i32, any::<bool>())),
+    )
+        .prop_map(|(jobs, failure_policy)| {
+            let replicated: Vec<Value> = jobs
+                .into_iter()
+                .enumerate()
+                .map(|(index, (input, empty_restart))| {
+                    let mut spec = to_value(input.0.spec.as_ref().unwrap());
+                    if empty_restart
+                        && let Some(pod) = spec
+                            .pointer_mut("/template/spec")
+                            .and_then(Value::as_object_mut)
+                    {
+                        pod.remove("restartPolicy");
+                    }
+                    json!({"name": format!("rj{index}"), "replicas": 2,
+                           "template": {"spec": spec}})
+                })
+                .collect();
+            let mut object = json!({
+                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "metadata": {"name": "gang", "namespace": "ml"},
+                "spec": {"replicatedJobs": replicated, "futureField": {"n": 1}}
+            });
+            if let Some((max_restarts, named)) = failure_policy {
+                let mut rule = json!({"action": "FailJobSet",
+                    "onJobFailureReasons": ["DeadlineExceeded"], "futureField": true});
+                if named {
+                    rule["name"] = json!("deadline");
+                }
+                object["spec"]["failurePolicy"] =
+                    json!({"maxRestarts": max_restarts, "rules": [rule]});
+            }
+            object
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// A JobSet JobSet's webhook and the Job API accept stays accepted once patched; a second
+    /// pass adds nothing; the patch touches only what gpu-guard owns; unknown fields survive.
+    #[test]
+    fn jobsets_stay_valid_change_once_and_only_where_gpu_guard_owns(
+        raw in jobset(),
+        kind in policy_kind(),
+    ) {
+        use gpu_guard::field::FieldPath;
+        use gpu_guard::rules::jobset::{JobSetSpec, check_jobset_spec};
+        let policy = kind.policy();
+        let path = FieldPath::new(["spec"]);
+        let spec: JobSetSpec = serde_json::from_value(raw["spec"].clone()).unwrap();
+        let valid_before = check_jobset_spec(&spec, &path).is_empty();
+        let mutation = mutate_object(&raw, policy)
+            .expect("a JobSet is mutable")
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let patched = patch::apply(&raw, &mutation.patch).expect("the patch applies");
+        let after: JobSetSpec = serde_json::from_value(patched["spec"].clone()).unwrap();
+        if valid_before {
+            let violations = check_jobset_spec(&after, &path);
+            prop_assert!(violations.is_empty(), "{violations:?}");
+        }
+        let again = mutate_object(&patched, policy).unwrap().unwrap();
+        prop_assert!(again.patch.is_empty(), "second pass: {:?}", again.patch);
+        for op in mutation.patch.iter() {
+            let target = op.path().to_string();
+            let owned = target.starts_with("/metadata/annotations")
+                || target.starts_with("/spec/failurePolicy")
+                || (target.starts_with("/spec/replicatedJobs/")
+                    && target.contains("/template/"));
+            prop_assert!(owned, "{target}");
+        }
+        prop_assert_eq!(&patched["spec"]["futureField"], &raw["spec"]["futureField"]);
+        // `existingPolicy: Replace` drops the JobSet's own rules, on purpose.
+        let keeps_own = policy.mutation.pod_failure_policy.existing_policy != ExistingPolicy::Replace;
+        if let Some(own) = raw["spec"]["failurePolicy"]["rules"].get(0).filter(|_| keeps_own) {
+            let kept = patched["spec"]["failurePolicy"]["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|rule| rule["futureField"] == own["futureField"]
+                    && rule["action"] == own["action"]);
+            prop_assert!(kept, "the JobSet's own rule and its unknown field survive");
+        }
+    }
+}

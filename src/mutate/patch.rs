@@ -236,8 +236,64 @@ pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), PatchError> 
             other => other.clone(),
         })
         .collect();
-    let mut copy = document.clone();
+    let mut copy = skeleton(document, patch);
     json_patch::patch_unsafe(&mut copy, &shapes)
+}
+
+/// The parts of `document` a patch's operations can depend on: for every operation, the chain
+/// of containers from the root to the parent of its target (objects with just the keys on a
+/// chain, arrays at their full length with `null` off the chains). Applying the patch to it
+/// succeeds exactly when applying it to `document` does, without copying the whole object.
+fn skeleton(document: &Value, patch: &Patch) -> Value {
+    let mut skeleton = empty_like(document);
+    for operation in patch.iter() {
+        let tokens: Vec<String> = operation
+            .path()
+            .tokens()
+            .map(|token| token.decoded().into_owned())
+            .collect();
+        // An `add` needs its parent; any other operation its target too.
+        let walked = match (operation, tokens.split_last()) {
+            (_, None) => continue,
+            (PatchOperation::Add(_), Some((_, parents))) => parents,
+            _ => &tokens[..],
+        };
+        let (mut from, mut to) = (document, &mut skeleton);
+        for token in walked {
+            let next = match from {
+                Value::Object(map) => map.get(token),
+                Value::Array(items) => token.parse::<usize>().ok().and_then(|i| items.get(i)),
+                _ => None,
+            };
+            let Some(next) = next else { break };
+            let slot = match to {
+                Value::Object(map) => map.entry(token.clone()).or_insert_with(|| empty_like(next)),
+                Value::Array(items) => {
+                    match token.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                        Some(slot) => {
+                            if slot.is_null() {
+                                *slot = empty_like(next);
+                            }
+                            slot
+                        }
+                        None => break,
+                    }
+                }
+                _ => break,
+            };
+            (from, to) = (next, slot);
+        }
+    }
+    skeleton
+}
+
+/// An empty container of `value`'s kind (an array keeps its length), or `value` itself.
+fn empty_like(value: &Value) -> Value {
+    match value {
+        Value::Object(_) => Value::Object(Map::new()),
+        Value::Array(items) => Value::Array(vec![Value::Null; items.len()]),
+        other => other.clone(),
+    }
 }
 
 fn json(value: &impl Serialize) -> Value {
@@ -288,6 +344,30 @@ mod tests {
             check_applies(&raw, &append).is_ok(),
             "appending to an array the patch made"
         );
+    }
+
+    #[test]
+    fn the_check_reads_only_the_chains_the_operations_use_and_judges_as_the_whole_would() {
+        let raw = json!({"spec": {"rules": [{"a": 1}, {"b": 2}], "big": {"x": [1, 2, 3]}}});
+        let patch = |path: &str| {
+            Patch(vec![PatchOperation::Add(AddOperation {
+                path: PointerBuf::parse(path).unwrap(),
+                value: json!({"c": 3}),
+            })])
+        };
+        for (path, applies) in [
+            ("/spec/rules/2", true),
+            ("/spec/rules/3", false),
+            ("/spec/rules/-", true),
+            ("/spec/rules/1/c", true),
+            ("/spec/missing/c", false),
+            ("/spec/big/x/0/c", false),
+        ] {
+            assert_eq!(check_applies(&raw, &patch(path)).is_ok(), applies, "{path}");
+            assert_eq!(apply(&raw, &patch(path)).is_ok(), applies, "{path}");
+        }
+        let skeleton = skeleton(&raw, &patch("/spec/rules/1/c"));
+        assert_eq!(skeleton, json!({"spec": {"rules": [null, {}]}}));
     }
 
     #[test]

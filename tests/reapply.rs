@@ -128,6 +128,15 @@ fn what_the_user_changes_on_purpose_is_not_put_back() {
     assert_eq!(reviewed.patch_bytes, 0);
     assert_eq!(reviewed.outcome, ReviewOutcome::Allowed);
 
+    // A mutable field gpu-guard set, removed on purpose: the Job stays valid, so it stays out.
+    let mut removed = live.clone();
+    removed["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("podReplacementPolicy");
+    let kept_out = mutate(&review_of(JOB, &removed, Some(&live), "alice"));
+    assert_eq!(kept_out.patch_bytes, 0);
+
     // A Job gpu-guard never mutated is never patched on UPDATE.
     let mut foreign = applied.clone();
     foreign["metadata"]["labels"]["team"] = json!("other");

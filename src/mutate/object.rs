@@ -205,12 +205,15 @@ fn mutate_known(
     })
 }
 
-/// The fields gpu-guard may add to a Job (relative to where the Job is): the only ones it puts
-/// back on UPDATE.
-const JOB_OWNED: [&str; 6] = [
+/// The fields gpu-guard may add to a Job (relative to where the Job is) that it puts back on
+/// UPDATE: those an update cannot drop without being refused (a Job's `podFailurePolicy` and
+/// `template` are immutable; `podReplacementPolicy` must stay `Failed` beside a
+/// podFailurePolicy). `activeDeadlineSeconds` is not among them: it is mutable, gpu-guard only
+/// sets it when absent (so no manager owns it and no apply drops it), and removing it is a
+/// choice.
+const JOB_OWNED: [&str; 5] = [
     "/spec/podFailurePolicy",
     "/spec/podReplacementPolicy",
-    "/spec/activeDeadlineSeconds",
     "/spec/template/spec/restartPolicy",
     "/spec/template/spec/terminationGracePeriodSeconds",
     "/spec/template/spec/tolerations",
@@ -295,6 +298,10 @@ fn restore_known(
             let dropped = redone.pointer(path) == Some(was)
                 || (path.ends_with("/failurePolicy")
                     && lacks_exactly_the_gang_part(was, is, policy));
+            // Without a podReplacementPolicy the Job is valid: its removal is a choice.
+            if path.ends_with("/podReplacementPolicy") && is.is_none() {
+                return None;
+            }
             (is != Some(was) && dropped).then(|| patch::put_back(path, was))
         })
         .collect();

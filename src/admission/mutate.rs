@@ -13,6 +13,7 @@ use crate::mutate::object::{
 };
 use crate::policy::Policy;
 use crate::wellknown::MUTATED_ANNOTATION;
+use json_patch::Patch;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -67,17 +68,24 @@ pub(super) fn mutate(
                     .insert("mutation".to_owned(), SkipReason::JobSetChild.describe());
             }
             if !mutation.patch.is_empty() {
-                let patch = serde_json::to_vec(&mutation.patch).expect("a JSON Patch serializes");
-                response.patch = Some(base64::engine::general_purpose::STANDARD.encode(&patch));
-                response.patch_type = Some("JSONPatch".to_owned());
-                response
-                    .audit_annotations
-                    .insert("mutation".to_owned(), mutation.outcome.summary());
-                return Ok((ReviewOutcome::Patched, patch.len()));
+                let summary = mutation.outcome.summary();
+                return Ok(send_patch(response, &mutation.patch, summary));
             }
         }
     }
     Ok((ReviewOutcome::Allowed, 0))
+}
+
+/// Puts `patch` into the response with its `mutation` audit annotation; returns the outcome
+/// and the size of the patch sent.
+fn send_patch(response: &mut Response, patch: &Patch, summary: String) -> (ReviewOutcome, usize) {
+    let bytes = serde_json::to_vec(patch).expect("a JSON Patch serializes");
+    response.patch = Some(base64::engine::general_purpose::STANDARD.encode(&bytes));
+    response.patch_type = Some("JSONPatch".to_owned());
+    response
+        .audit_annotations
+        .insert("mutation".to_owned(), summary);
+    (ReviewOutcome::Patched, bytes.len())
 }
 
 /// An UPDATE of an object gpu-guard mutated at CREATE: what the update drops of gpu-guard's
@@ -107,19 +115,13 @@ fn restore(
                 .iter()
                 .map(|op| op.path().to_string())
                 .collect();
-            let patch = serde_json::to_vec(&mutation.patch).expect("a JSON Patch serializes");
-            response.patch = Some(base64::engine::general_purpose::STANDARD.encode(&patch));
-            response.patch_type = Some("JSONPatch".to_owned());
             response.warnings.push(format!(
                 "gpu-guard: put back what this update dropped of gpu-guard's changes at CREATE \
                  ({}), as the object had it",
                 restored.join(", ")
             ));
-            response.audit_annotations.insert(
-                "mutation".to_owned(),
-                format!("restored on UPDATE: {}", restored.join(", ")),
-            );
-            Ok((ReviewOutcome::Patched, patch.len()))
+            let summary = format!("restored on UPDATE: {}", restored.join(", "));
+            Ok(send_patch(response, &mutation.patch, summary))
         }
         Some(Err(error @ ObjectError::PatchDoesNotApply(_))) => {
             Err(ReviewError::Internal(error.to_string()))

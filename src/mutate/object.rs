@@ -55,16 +55,6 @@ impl MutableKind {
         Self::from_gvk(group, version, object.get("kind").and_then(Value::as_str)?)
     }
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Job => "Job",
-            Self::CronJob => "CronJob",
-            Self::JobSet => "JobSet",
-            Self::TrainingRuntime => "TrainingRuntime",
-            Self::ClusterTrainingRuntime => "ClusterTrainingRuntime",
-        }
-    }
-
     /// The kind with its API group and version, for messages (`batch/v1 Job`).
     pub fn api_name(self) -> &'static str {
         match self {

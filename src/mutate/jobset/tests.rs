@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::policy::{ExitCodeRule, OnFailureRestartPolicy};
+use crate::policy::OnFailureRestartPolicy;
 use crate::wellknown::SKIP_ANNOTATION;
 
 /// A replicated Job whose pod runs `containers` with `restart` (`None`: left empty).
@@ -51,17 +51,13 @@ fn gang_policy(outcome: &JobSetOutcome) -> Value {
     serde_json::to_value(outcome.failure_policy.as_ref().expect("a failure policy")).unwrap()
 }
 
+/// The shipped strict profile: FailJob for exit codes 126 and 127.
 fn strict() -> Policy {
-    let mut policy = Policy::embedded();
-    policy
-        .mutation
-        .pod_failure_policy
-        .exit_code_rules
-        .push(ExitCodeRule {
-            action: RuleAction::FailJob,
-            codes: vec![126, 127],
-        });
-    policy
+    crate::policy::parse(
+        include_str!("../../../policies/strict.yaml"),
+        "policies/strict.yaml",
+    )
+    .expect("the strict profile loads")
 }
 
 #[test]

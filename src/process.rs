@@ -51,26 +51,46 @@ pub fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime, String
         .map_err(|error| format!("cannot start the async runtime: {error}"))
 }
 
-/// Returns at SIGTERM or SIGINT.
-pub async fn wait_for_signal() {
+/// SIGTERM and SIGINT, caught from the moment [`Signals::install`] returns.
+///
+/// Install before the component starts: a signal that arrives before the handlers exist takes
+/// the default action and kills the process without a drain (a pod deleted while starting).
+pub struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers; call inside the runtime.
+    pub fn install() -> Result<Self, String> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let install = |kind: SignalKind, name: &str| {
+                signal(kind).map_err(|error| format!("cannot catch {name}: {error}"))
+            };
+            Ok(Self {
+                terminate: install(SignalKind::terminate(), "SIGTERM")?,
+                interrupt: install(SignalKind::interrupt(), "SIGINT")?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Self {})
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    /// Returns at the next SIGTERM or SIGINT (one delivered since the last call counts).
+    pub async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -94,10 +114,13 @@ impl Stopped {
 }
 
 /// Runs `shutdown` to its end, unless a second signal comes first.
-pub async fn shut_down_or_exit_at_second_signal(shutdown: impl Future<Output = ()>) -> Stopped {
+pub async fn shut_down_or_exit_at_second_signal(
+    signals: &mut Signals,
+    shutdown: impl Future<Output = ()>,
+) -> Stopped {
     tokio::select! {
         () = shutdown => Stopped::Cleanly,
-        () = wait_for_signal() => {
+        () = signals.next() => {
             tracing::warn!("second signal: exiting at once");
             Stopped::AtSecondSignal
         }
@@ -200,6 +223,22 @@ mod tests {
             get(router, METRICS_PATH).await,
             (StatusCode::OK, "# EOF\n".to_owned())
         );
+    }
+
+    /// A signal delivered after `install` and before anyone waits is not lost (and does not
+    /// kill the process): the race of a pod deleted while its server starts.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_signal_before_the_first_wait_is_kept() {
+        let mut signals = Signals::install().unwrap();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        tokio::time::timeout(std::time::Duration::from_secs(10), signals.next())
+            .await
+            .expect("the SIGTERM sent before the wait is delivered");
     }
 
     #[test]

@@ -394,6 +394,7 @@ pub fn run(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, Str
 fn run_until_signal(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, String> {
     let runtime = process::runtime(None)?;
     runtime.block_on(async move {
+        let mut signals = process::Signals::install()?;
         let config = cluster::config(settings.kubeconfig.as_deref())
             .await
             .map_err(|error| error.to_string())?;
@@ -419,9 +420,9 @@ fn run_until_signal(settings: &ControllerSettings, policy: Policy) -> Result<Sto
             .await
             .map_err(|error| format!("cannot start: {error}"))?;
         tracing::info!(admin = %running.admin_addr, dry_run, "controller running");
-        process::wait_for_signal().await;
+        signals.next().await;
         tracing::info!("signal received: stopping (a second signal exits at once)");
-        Ok(process::shut_down_or_exit_at_second_signal(running.shutdown()).await)
+        Ok(process::shut_down_or_exit_at_second_signal(&mut signals, running.shutdown()).await)
     })
 }
 

@@ -49,6 +49,7 @@ fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
         timeouts: super::Timeouts::default(),
     };
     runtime.block_on(async move {
+        let mut signals = process::Signals::install()?;
         let cluster = cluster_source(settings, &policy).await?;
         if let ClusterSource::Cache(cache) = &cluster {
             let cache = cache.clone();
@@ -68,9 +69,9 @@ fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
             .await
             .map_err(|error| format!("cannot start: {error}"))?;
         tracing::info!(webhook = %running.addr, admin = %running.admin_addr, "serving");
-        process::wait_for_signal().await;
+        signals.next().await;
         tracing::info!("signal received: draining (a second signal exits at once)");
-        Ok(process::shut_down_or_exit_at_second_signal(running.shutdown()).await)
+        Ok(process::shut_down_or_exit_at_second_signal(&mut signals, running.shutdown()).await)
     })
 }
 

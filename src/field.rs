@@ -4,17 +4,28 @@
 //! (`spec.podFailurePolicy.rules[0].onExitCodes.values`), so a message from gpu-guard can be
 //! compared line for line with what `kubectl create --dry-run=server` prints.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 /// A path into an object, rendered the way the API server renders field errors.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+///
+/// A path is built for every field a check visits and read only when something is wrong, so a
+/// step is cheap: paths share their parent (a chain of reference-counted steps) and a field
+/// name given as a `&'static str` is not copied.
+#[derive(Clone, Default)]
 pub struct FieldPath {
-    segments: Vec<Segment>,
+    last: Option<Arc<Step>>,
+}
+
+struct Step {
+    parent: Option<Arc<Step>>,
+    segment: Segment,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Segment {
-    Field(String),
+    Field(Cow<'static, str>),
     Index(usize),
     Key(String),
 }
@@ -29,13 +40,13 @@ impl FieldPath {
     pub fn new<'a>(fields: impl IntoIterator<Item = &'a str>) -> Self {
         fields
             .into_iter()
-            .fold(Self::root(), |path, field| path.child(field))
+            .fold(Self::root(), |path, field| path.child(field.to_owned()))
     }
 
     /// This path with one more field name.
     #[must_use]
-    pub fn child(&self, field: &str) -> Self {
-        self.with(Segment::Field(field.to_owned()))
+    pub fn child(&self, field: impl Into<Cow<'static, str>>) -> Self {
+        self.with(Segment::Field(field.into()))
     }
 
     /// This path with a list index: `rules[3]`.
@@ -51,21 +62,57 @@ impl FieldPath {
     }
 
     fn with(&self, segment: Segment) -> Self {
-        let mut segments = self.segments.clone();
-        segments.push(segment);
-        Self { segments }
+        Self {
+            last: Some(Arc::new(Step {
+                parent: self.last.clone(),
+                segment,
+            })),
+        }
+    }
+
+    /// The segments from the root.
+    fn segments(&self) -> Vec<&Segment> {
+        let mut segments = Vec::new();
+        let mut step = self.last.as_deref();
+        while let Some(current) = step {
+            segments.push(&current.segment);
+            step = current.parent.as_deref();
+        }
+        segments.reverse();
+        segments
     }
 
     /// The path as a sequence of keys into a YAML/JSON document: field names and map keys as
     /// strings, indices as numbers. Used to find the line of a field in a source file.
     pub fn document_keys(&self) -> Vec<DocumentKey<'_>> {
-        self.segments
-            .iter()
+        self.segments()
+            .into_iter()
             .map(|segment| match segment {
-                Segment::Field(name) | Segment::Key(name) => DocumentKey::Name(name),
+                Segment::Field(name) => DocumentKey::Name(name),
+                Segment::Key(name) => DocumentKey::Name(name),
                 Segment::Index(index) => DocumentKey::Index(*index),
             })
             .collect()
+    }
+}
+
+impl PartialEq for FieldPath {
+    fn eq(&self, other: &Self) -> bool {
+        self.segments() == other.segments()
+    }
+}
+
+impl Eq for FieldPath {}
+
+impl std::hash::Hash for FieldPath {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.segments().hash(state);
+    }
+}
+
+impl fmt::Debug for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FieldPath({self:?})", self = self.to_string())
     }
 }
 
@@ -78,7 +125,7 @@ pub enum DocumentKey<'a> {
 
 impl fmt::Display for FieldPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (position, segment) in self.segments.iter().enumerate() {
+        for (position, segment) in self.segments().into_iter().enumerate() {
             match segment {
                 Segment::Field(name) if position == 0 => f.write_str(name)?,
                 Segment::Field(name) => write!(f, ".{name}")?,

@@ -1232,4 +1232,46 @@ proptest! {
             prop_assert!(kept, "the JobSet's own rule and its unknown field survive");
         }
     }
+    /// The webhook's JobSet fast path (typed decode of what the engine reads from the JSON
+    /// text, operations derived and checked against the skeleton) sends exactly the patch the
+    /// general path derives from the whole object: for a JobSet, and for a Trainer runtime
+    /// whose `spec.template.spec` is the same JobSet spec, with explicit nulls or without.
+    #[test]
+    fn the_jobset_fast_path_sends_the_same_patch_as_the_general_path(
+        raw in jobset(),
+        kind in policy_kind(),
+        null_policy in any::<bool>(),
+        null_annotations in any::<bool>(),
+    ) {
+        use gpu_guard::mutate::object::{MutableKind, mutate_jobset_json};
+        let policy = kind.policy();
+        let mut jobset = raw.clone();
+        if null_policy && jobset["spec"].get("failurePolicy").is_none() {
+            jobset["spec"]["failurePolicy"] = Value::Null;
+        }
+        if null_annotations {
+            jobset["metadata"]["annotations"] = Value::Null;
+            jobset["spec"]["replicatedJobs"][0]["template"]["metadata"] =
+                json!({"annotations": null, "labels": {"app": "x"}});
+        }
+        let runtime = json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+            "metadata": jobset["metadata"],
+            "spec": {"mlPolicy": {"numNodes": 2}, "template": {"spec": jobset["spec"]}}
+        });
+        for (document, mutable) in [
+            (&jobset, MutableKind::JobSet),
+            (&runtime, MutableKind::ClusterTrainingRuntime),
+        ] {
+            let general = mutate_object(document, policy)
+                .expect("a JobSet kind")
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let text = serde_json::to_string(document).unwrap();
+            let fast = mutate_jobset_json(&text, mutable, policy)
+                .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
+            prop_assert_eq!(&fast.patch, &general.patch);
+            prop_assert_eq!(fast.outcome.summary(), general.outcome.summary());
+            prop_assert_eq!(fast.outcome.warnings(), general.outcome.warnings());
+        }
+    }
 }

@@ -9,7 +9,8 @@ use super::ReviewOutcome;
 use super::envelope::{IncomingRequest, Operation, Response, ReviewError};
 use crate::mutate::SkipReason;
 use crate::mutate::object::{
-    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_object, restore_object,
+    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_jobset_json, mutate_object,
+    restore_object,
 };
 use crate::policy::Policy;
 use crate::wellknown::MUTATED_ANNOTATION;
@@ -134,15 +135,21 @@ fn restore(
     }
 }
 
-/// A Job goes through the fast path (no `Value` of the whole object); a CronJob, rare at
-/// admission, through the general one.
+/// A Job, a JobSet and a Trainer runtime go through their fast paths (no `Value` of the whole
+/// object); a CronJob, rare at admission, through the general one.
 fn mutate_raw(
     kind: MutableKind,
     object: &str,
     policy: &Policy,
 ) -> Option<Result<ObjectMutation, ObjectError>> {
-    if kind == MutableKind::Job {
-        return Some(mutate_job_json(object, policy));
+    match kind {
+        MutableKind::Job => return Some(mutate_job_json(object, policy)),
+        MutableKind::JobSet
+        | MutableKind::TrainingRuntime
+        | MutableKind::ClusterTrainingRuntime => {
+            return Some(mutate_jobset_json(object, kind, policy));
+        }
+        MutableKind::CronJob => {}
     }
     match serde_json::from_str(object) {
         Ok(value) => mutate_object(&value, policy),

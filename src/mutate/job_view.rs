@@ -43,17 +43,22 @@ struct RawJob {
 }
 
 #[derive(Deserialize)]
-struct RawMetadata {
+pub(super) struct RawMetadata {
     name: Option<String>,
     namespace: Option<String>,
     labels: Option<BTreeMap<String, String>>,
     annotations: Option<BTreeMap<String, String>>,
 }
 
+/// A Job's `spec` (a Job's, or a JobSet's replicated Job template's).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawSpec {
+pub(super) struct RawSpec {
     active_deadline_seconds: Option<i64>,
+    // Read for JobSet's `InPlaceRestart` checks (`rules::jobset`), never changed.
+    backoff_limit: Option<i32>,
+    completions: Option<i32>,
+    parallelism: Option<i32>,
     backoff_limit_per_index: Option<i32>,
     completion_mode: Option<String>,
     pod_failure_policy: Option<RawFailurePolicy>,
@@ -114,75 +119,12 @@ pub fn decode(raw: &str) -> Result<JobView, serde_json::Error> {
     }
 
     let mut skeleton = Map::new();
-    let mut metadata = ObjectMeta::default();
-    if let Some(raw_metadata) = raw.metadata {
-        let mut fields = Map::new();
-        if raw_metadata.annotations.is_some() {
-            fields.insert("annotations".to_owned(), Value::Object(Map::new()));
-        }
-        skeleton.insert("metadata".to_owned(), Value::Object(fields));
-        metadata = ObjectMeta {
-            name: raw_metadata.name,
-            namespace: raw_metadata.namespace,
-            labels: raw_metadata.labels,
-            annotations: raw_metadata.annotations,
-            ..ObjectMeta::default()
-        };
-    }
-
+    let metadata = metadata(raw.metadata, &mut skeleton);
     let spec = raw.spec.map(|raw_spec| {
-        let mut fields = Map::new();
-        let pod_failure_policy = raw_spec.pod_failure_policy.map(|policy| {
-            let mut policy_fields = Map::new();
-            if let Some(rules) = &policy.rules {
-                policy_fields.insert("rules".to_owned(), items(rules.len()));
-            }
-            fields.insert("podFailurePolicy".to_owned(), Value::Object(policy_fields));
-            PodFailurePolicy {
-                rules: policy.rules.unwrap_or_default(),
-            }
-        });
-        let mut template = PodTemplateSpec::default();
-        if let Some(raw_template) = raw_spec.template {
-            let mut template_fields = Map::new();
-            if let Some(pod) = raw_template.spec {
-                let mut pod_fields = Map::new();
-                if let Some(tolerations) = &pod.tolerations {
-                    pod_fields.insert("tolerations".to_owned(), items(tolerations.len()));
-                }
-                template_fields.insert("spec".to_owned(), Value::Object(pod_fields));
-                template.spec = Some(PodSpec {
-                    containers: pod
-                        .containers
-                        .into_iter()
-                        .map(RawContainer::into_container)
-                        .collect(),
-                    init_containers: pod.init_containers.map(|containers| {
-                        containers
-                            .into_iter()
-                            .map(RawContainer::into_container)
-                            .collect()
-                    }),
-                    restart_policy: pod.restart_policy,
-                    termination_grace_period_seconds: pod.termination_grace_period_seconds,
-                    tolerations: pod.tolerations,
-                    ..PodSpec::default()
-                });
-            }
-            fields.insert("template".to_owned(), Value::Object(template_fields));
-        }
-        skeleton.insert("spec".to_owned(), Value::Object(fields));
-        JobSpec {
-            active_deadline_seconds: raw_spec.active_deadline_seconds,
-            backoff_limit_per_index: raw_spec.backoff_limit_per_index,
-            completion_mode: raw_spec.completion_mode,
-            pod_failure_policy,
-            pod_replacement_policy: raw_spec.pod_replacement_policy,
-            template,
-            ..JobSpec::default()
-        }
+        let (spec, fields) = job_spec(raw_spec);
+        skeleton.insert("spec".to_owned(), fields);
+        spec
     });
-
     Ok(JobView {
         job: Job {
             metadata,
@@ -191,6 +133,83 @@ pub fn decode(raw: &str) -> Result<JobView, serde_json::Error> {
         },
         skeleton: Value::Object(skeleton),
     })
+}
+
+/// The metadata the engine reads; puts `metadata` (with `annotations` when present) into
+/// `skeleton` when the object has metadata.
+pub(super) fn metadata(raw: Option<RawMetadata>, skeleton: &mut Map<String, Value>) -> ObjectMeta {
+    let Some(raw) = raw else {
+        return ObjectMeta::default();
+    };
+    let mut fields = Map::new();
+    if raw.annotations.is_some() {
+        fields.insert("annotations".to_owned(), Value::Object(Map::new()));
+    }
+    skeleton.insert("metadata".to_owned(), Value::Object(fields));
+    ObjectMeta {
+        name: raw.name,
+        namespace: raw.namespace,
+        labels: raw.labels,
+        annotations: raw.annotations,
+        ..ObjectMeta::default()
+    }
+}
+
+/// The Job spec the engine reads, and its skeleton.
+pub(super) fn job_spec(raw_spec: RawSpec) -> (JobSpec, Value) {
+    let mut fields = Map::new();
+    let pod_failure_policy = raw_spec.pod_failure_policy.map(|policy| {
+        let mut policy_fields = Map::new();
+        if let Some(rules) = &policy.rules {
+            policy_fields.insert("rules".to_owned(), items(rules.len()));
+        }
+        fields.insert("podFailurePolicy".to_owned(), Value::Object(policy_fields));
+        PodFailurePolicy {
+            rules: policy.rules.unwrap_or_default(),
+        }
+    });
+    let mut template = PodTemplateSpec::default();
+    if let Some(raw_template) = raw_spec.template {
+        let mut template_fields = Map::new();
+        if let Some(pod) = raw_template.spec {
+            let mut pod_fields = Map::new();
+            if let Some(tolerations) = &pod.tolerations {
+                pod_fields.insert("tolerations".to_owned(), items(tolerations.len()));
+            }
+            template_fields.insert("spec".to_owned(), Value::Object(pod_fields));
+            template.spec = Some(PodSpec {
+                containers: pod
+                    .containers
+                    .into_iter()
+                    .map(RawContainer::into_container)
+                    .collect(),
+                init_containers: pod.init_containers.map(|containers| {
+                    containers
+                        .into_iter()
+                        .map(RawContainer::into_container)
+                        .collect()
+                }),
+                restart_policy: pod.restart_policy,
+                termination_grace_period_seconds: pod.termination_grace_period_seconds,
+                tolerations: pod.tolerations,
+                ..PodSpec::default()
+            });
+        }
+        fields.insert("template".to_owned(), Value::Object(template_fields));
+    }
+    let spec = JobSpec {
+        active_deadline_seconds: raw_spec.active_deadline_seconds,
+        backoff_limit: raw_spec.backoff_limit,
+        backoff_limit_per_index: raw_spec.backoff_limit_per_index,
+        completion_mode: raw_spec.completion_mode,
+        completions: raw_spec.completions,
+        parallelism: raw_spec.parallelism,
+        pod_failure_policy,
+        pod_replacement_policy: raw_spec.pod_replacement_policy,
+        template,
+        ..JobSpec::default()
+    };
+    (spec, Value::Object(fields))
 }
 
 /// An array of `count` empty objects: the skeleton of a list whose items the patch may reach

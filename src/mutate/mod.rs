@@ -35,6 +35,7 @@ mod change;
 mod failure_policy;
 pub mod job_view;
 pub mod jobset;
+pub mod jobset_view;
 pub mod object;
 pub mod patch;
 pub mod pod_settings;

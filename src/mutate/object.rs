@@ -8,9 +8,9 @@ use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use super::job_view;
 use super::jobset::{JobSetOutcome, lacks_exactly_the_gang_part, mutate_jobset};
 use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
+use super::{job_view, jobset_view};
 use crate::field::FieldPath;
 use crate::mutate::{
     Outcome, SkipReason, is_skipped, mutate_job, mutate_job_template, template_as_job,
@@ -178,10 +178,7 @@ fn mutate_known(
             let root = kind.jobset_spec_root().unwrap_or("/spec");
             let metadata: ObjectMeta = part(raw, "/metadata", kind)?.unwrap_or_default();
             let spec: JobSetSpec = part(raw, root, kind)?.unwrap_or_default();
-            let path = FieldPath::new(root.trim_start_matches('/').split('/'));
-            let outcome = mutate_jobset(&metadata, &spec, &path, policy);
-            let patch = patch::jobset_operations(&outcome, raw, root);
-            (ObjectOutcome::JobSet(outcome), patch)
+            return jobset_mutation(kind, &metadata, &spec, raw, policy);
         }
     };
     if !patch.is_empty() {
@@ -323,6 +320,43 @@ pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, Obj
     Ok(ObjectMutation {
         kind: MutableKind::Job,
         outcome: ObjectOutcome::Job(Box::new(outcome)),
+        patch,
+    })
+}
+
+/// The webhook's fast path for a JobSet or a Trainer runtime given as JSON text, as
+/// [`mutate_job_json`] is for a Job ([`jobset_view`]).
+pub fn mutate_jobset_json(
+    raw: &str,
+    kind: MutableKind,
+    policy: &Policy,
+) -> Result<ObjectMutation, ObjectError> {
+    let view = jobset_view::decode(raw, kind).map_err(|source| ObjectError::Decode {
+        kind: kind.api_name(),
+        source,
+    })?;
+    jobset_mutation(kind, &view.metadata, &view.spec, &view.skeleton, policy)
+}
+
+/// The JobSet engine on the spec of an object of a JobSet `kind`, with the patch derived from
+/// and checked against `raw` (the whole object, or its skeleton).
+fn jobset_mutation(
+    kind: MutableKind,
+    metadata: &ObjectMeta,
+    spec: &JobSetSpec,
+    raw: &Value,
+    policy: &Policy,
+) -> Result<ObjectMutation, ObjectError> {
+    let root = kind.jobset_spec_root().unwrap_or("/spec");
+    let path = FieldPath::new(root.trim_start_matches('/').split('/'));
+    let outcome = mutate_jobset(metadata, spec, &path, policy);
+    let patch = patch::jobset_operations(&outcome, raw, root);
+    if !patch.is_empty() {
+        patch::check_applies(raw, &patch)?;
+    }
+    Ok(ObjectMutation {
+        kind,
+        outcome: ObjectOutcome::JobSet(outcome),
         patch,
     })
 }

@@ -200,10 +200,7 @@ impl Builder<'_> {
 
     fn exists(&self, path: &str) -> bool {
         self.created.iter().any(|created| created == path)
-            || self
-                .raw
-                .pointer(&format!("{}{path}", self.root))
-                .is_some_and(|value| !value.is_null())
+            || lookup(self.raw, &[self.root, path]).is_some_and(|value| !value.is_null())
     }
 
     fn push_add(&mut self, path: &str, value: Value) {
@@ -285,6 +282,25 @@ fn skeleton(document: &Value, patch: &Patch) -> Value {
         }
     }
     skeleton
+}
+
+/// `value.pointer(pointer)` for the JSON Pointer that is `parts` joined, without building it
+/// or unescaping tokens that need none (the builder looks up a few paths for every change).
+fn lookup<'v>(value: &'v Value, parts: &[&str]) -> Option<&'v Value> {
+    let mut current = value;
+    for token in parts.iter().flat_map(|part| part.split('/').skip(1)) {
+        let token = if token.contains('~') {
+            std::borrow::Cow::Owned(unescape(token))
+        } else {
+            std::borrow::Cow::Borrowed(token)
+        };
+        current = match current {
+            Value::Object(map) => map.get(token.as_ref())?,
+            Value::Array(items) => items.get(token.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(current)
 }
 
 /// An empty container of `value`'s kind (an array keeps its length), or `value` itself.
@@ -388,6 +404,31 @@ mod tests {
             patched["metadata"]["annotations"]["gpu-guard.io/mutated"],
             "yes"
         );
+    }
+
+    #[test]
+    fn lookup_finds_what_a_json_pointer_finds() {
+        let raw = json!({"spec": {"a/b": {"c~d": [1, {"e": null}]}, "list": []}});
+        for pointer in [
+            "",
+            "/spec",
+            "/spec/a~1b",
+            "/spec/a~1b/c~0d/1",
+            "/spec/a~1b/c~0d/1/e",
+            "/spec/a~1b/c~0d/2",
+            "/spec/a~1b/c~0d/x",
+            "/spec/list/0",
+            "/spec/missing",
+            "/spec/a~1b/c~0d/0/deeper",
+        ] {
+            assert_eq!(lookup(&raw, &[pointer]), raw.pointer(pointer), "{pointer}");
+            let (head, tail) = pointer.split_at(pointer.rfind('/').unwrap_or(0));
+            assert_eq!(
+                lookup(&raw, &[head, tail]),
+                raw.pointer(pointer),
+                "{pointer}"
+            );
+        }
     }
 
     #[test]

@@ -841,7 +841,7 @@ proptest! {
                 .expect("a Job")
                 .expect("the general path succeeds");
             let text = serde_json::to_string(document).unwrap();
-            let fast = gpu_guard::mutate::object::mutate_job_json(&text, policy)
+            let fast = gpu_guard::mutate::object::mutate_job_json(&text, policy, &gpu_guard::policy::NoDraFacts)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
             let skeleton = gpu_guard::mutate::job_view::decode(&text).unwrap().skeleton;
@@ -1267,7 +1267,7 @@ proptest! {
                 .expect("a JobSet kind")
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let text = serde_json::to_string(document).unwrap();
-            let fast = mutate_jobset_json(&text, mutable, policy)
+            let fast = mutate_jobset_json(&text, mutable, policy, &gpu_guard::policy::NoDraFacts)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
             prop_assert_eq!(fast.outcome.summary(), general.outcome.summary());

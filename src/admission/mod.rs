@@ -141,7 +141,8 @@ fn review_parsed(
     };
     let (outcome, patch_bytes, guard) = match webhook {
         Webhook::Mutate => {
-            let (outcome, patch_bytes) = mutate::mutate(&request, object, policy, &mut response)?;
+            let (outcome, patch_bytes) =
+                mutate::mutate(&request, object, policy, view.dra(), &mut response)?;
             (outcome, patch_bytes, None)
         }
         Webhook::Validate => {

@@ -9,10 +9,10 @@ use super::ReviewOutcome;
 use super::envelope::{IncomingRequest, Operation, Response, ReviewError};
 use crate::mutate::SkipReason;
 use crate::mutate::object::{
-    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_jobset_json, mutate_object,
-    restore_object,
+    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_jobset_json,
+    mutate_object_with, restore_object,
 };
-use crate::policy::Policy;
+use crate::policy::{DraFacts, Policy};
 use crate::wellknown::MUTATED_ANNOTATION;
 use json_patch::Patch;
 use serde_json::Value;
@@ -24,6 +24,7 @@ pub(super) fn mutate(
     request: &IncomingRequest<'_>,
     object: Option<&str>,
     policy: &Policy,
+    dra: &dyn DraFacts,
     response: &mut Response,
 ) -> Result<(ReviewOutcome, usize), ReviewError> {
     let kind = &request.kind;
@@ -32,12 +33,12 @@ pub(super) fn mutate(
     };
     match request.operation {
         Operation::Create => {}
-        Operation::Update => return restore(request, object, policy, response),
+        Operation::Update => return restore(request, object, policy, dra, response),
         _ => return Ok((ReviewOutcome::Allowed, 0)),
     }
     let object =
         object.ok_or_else(|| ReviewError::MissingObject(request.operation.as_str().to_owned()))?;
-    match mutate_raw(mutable, object, policy) {
+    match mutate_raw(mutable, object, policy, dra) {
         // The object's own apiVersion/kind disagree with request.kind: leave it alone.
         None => response.warnings.push(format!(
             "gpu-guard: the object is not a {}; left unchanged",
@@ -95,6 +96,7 @@ fn restore(
     request: &IncomingRequest<'_>,
     object: Option<&str>,
     policy: &Policy,
+    dra: &dyn DraFacts,
     response: &mut Response,
 ) -> Result<(ReviewOutcome, usize), ReviewError> {
     let (Some(object), Some(old)) = (object, request.old_object.map(RawValue::get)) else {
@@ -109,7 +111,7 @@ fn restore(
         (Ok(new), Ok(old)) => (new, old),
         (Err(source), _) | (_, Err(source)) => return Err(ReviewError::NotJson(source)),
     };
-    match restore_object(&old, &new, policy) {
+    match restore_object(&old, &new, policy, dra) {
         Some(Ok(mutation)) if !mutation.patch.is_empty() => {
             let restored: Vec<String> = mutation
                 .patch
@@ -141,18 +143,19 @@ fn mutate_raw(
     kind: MutableKind,
     object: &str,
     policy: &Policy,
+    dra: &dyn DraFacts,
 ) -> Option<Result<ObjectMutation, ObjectError>> {
     match kind {
-        MutableKind::Job => return Some(mutate_job_json(object, policy)),
+        MutableKind::Job => return Some(mutate_job_json(object, policy, dra)),
         MutableKind::JobSet
         | MutableKind::TrainingRuntime
         | MutableKind::ClusterTrainingRuntime => {
-            return Some(mutate_jobset_json(object, kind, policy));
+            return Some(mutate_jobset_json(object, kind, policy, dra));
         }
         MutableKind::CronJob => {}
     }
     match serde_json::from_str(object) {
-        Ok(value) => mutate_object(&value, policy),
+        Ok(value) => mutate_object_with(&value, policy, dra),
         Err(source) => Some(Err(ObjectError::Decode {
             kind: kind.api_name(),
             source,

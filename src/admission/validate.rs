@@ -104,15 +104,15 @@ fn read_workload(
 fn apply_verdict(verdict: &Verdict, response: &mut Response) -> (ReviewOutcome, &'static str) {
     let violation = match verdict {
         Verdict::Allowed(guard::Allowed::Exempt(_)) => return (ReviewOutcome::Allowed, "exempt"),
-        Verdict::Allowed(guard::Allowed::Unjudged { class }) => {
-            // Only without a cluster; the full text goes to the audit log.
+        Verdict::Allowed(guard::Allowed::Unjudged(why)) => {
+            // The full text goes to the audit log.
             response.audit_annotations.insert(
                 GUARD_UNJUDGED_AUDIT_KEY.to_owned(),
-                format!("gpu-guard: {}", guard::unjudged_message(class)),
+                format!("gpu-guard: {}", why.message()),
             );
-            response.warnings.push(format!(
-                "gpu-guard: priority not checked: PriorityClass {class:?} is unknown offline"
-            ));
+            response
+                .warnings
+                .push(format!("gpu-guard: {}", why.warning()));
             return (ReviewOutcome::Allowed, "unjudged");
         }
         Verdict::Allowed(_) => return (ReviewOutcome::Allowed, "allowed"),

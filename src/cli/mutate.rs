@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use super::Report;
 use crate::manifest::{self, Document, Format};
 use crate::mutate::object;
-use crate::policy::Policy;
+use crate::policy::{DraObjects, Policy};
 
 #[derive(Debug, Args)]
 pub struct MutateArgs {
@@ -27,43 +27,53 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy) -> Report {
     let mut report = Report::default();
     let mut outputs = Vec::new();
     let mut diffs = String::new();
+    let mut inputs = Vec::new();
     for input in &args.files {
-        let files = match manifest::expand(input) {
-            Ok(files) => files,
+        match manifest::expand(input) {
+            Ok(files) => inputs.extend(files.into_iter().map(|file| {
+                let (documents, error) = manifest::read(&file);
+                (file, documents, error)
+            })),
             Err(error) => {
                 report
                     .stderr
                     .push_str(&format!("error: {}: {error}\n", input.display()));
                 report.exit_code = 1;
-                continue;
             }
-        };
-        for file in files {
-            let (documents, error) = manifest::read(&file);
-            let mut mutated = Vec::with_capacity(documents.len());
-            for document in &documents {
-                let mut value = document.value.clone();
-                if let Err(message) =
-                    mutate_document(&mut value, document, policy, &mut report.stderr)
-                {
-                    report.stderr.push_str(&format!("error: {message}\n"));
-                    report.exit_code = 1;
-                }
-                mutated.push(value);
-            }
-            if let Some(error) = error {
-                report.stderr.push_str(&format!("error: {error}\n"));
+        }
+    }
+    // DRA claims are resolved from the ResourceClaimTemplates, ResourceClaims and
+    // DeviceClasses anywhere in the input (a template may come after its Job).
+    let mut dra = DraObjects::default();
+    for (_, documents, _) in &inputs {
+        for object in manifest::objects(documents) {
+            dra.add(&object.value);
+        }
+    }
+    for (file, documents, error) in inputs {
+        let mut mutated = Vec::with_capacity(documents.len());
+        for document in &documents {
+            let mut value = document.value.clone();
+            if let Err(message) =
+                mutate_document(&mut value, document, policy, &dra, &mut report.stderr)
+            {
+                report.stderr.push_str(&format!("error: {message}\n"));
                 report.exit_code = 1;
             }
-            if args.diff {
-                diffs.push_str(&unified_diff(
-                    &file.display().to_string(),
-                    &documents,
-                    &mutated,
-                ));
-            }
-            outputs.extend(mutated);
+            mutated.push(value);
         }
+        if let Some(error) = error {
+            report.stderr.push_str(&format!("error: {error}\n"));
+            report.exit_code = 1;
+        }
+        if args.diff {
+            diffs.push_str(&unified_diff(
+                &file.display().to_string(),
+                &documents,
+                &mutated,
+            ));
+        }
+        outputs.extend(mutated);
     }
     report.stdout = if args.diff {
         diffs
@@ -81,12 +91,13 @@ fn mutate_document(
     value: &mut Value,
     document: &Document,
     policy: &Policy,
+    dra: &DraObjects,
     log: &mut String,
 ) -> Result<(), String> {
     let mut errors = Vec::new();
     manifest::visit_objects_mut(value, &mut |item, object| {
-        if let Err(error) = mutate_object(object, &manifest::location(document, item), policy, log)
-        {
+        let location = manifest::location(document, item);
+        if let Err(error) = mutate_object(object, &location, policy, dra, log) {
             errors.push(error);
         }
     });
@@ -102,10 +113,11 @@ fn mutate_object(
     value: &mut Value,
     location: &str,
     policy: &Policy,
+    dra: &DraObjects,
     log: &mut String,
 ) -> Result<(), String> {
     let name = object_name(value, location);
-    let Some(result) = object::mutate_object(value, policy) else {
+    let Some(result) = object::mutate_object_with(value, policy, dra) else {
         return Ok(());
     };
     let mutation = result.map_err(|error| format!("{name}: {error}"))?;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeSelector, Toleration};
+use k8s_openapi::api::core::v1::{NodeSelector, PodResourceClaim, ResourceClaim, Toleration};
 use serde::Deserialize;
 
 use crate::field::FieldPath;
@@ -244,6 +244,8 @@ pub struct PodSpecView {
     pub tolerations: Option<Vec<Toleration>>,
     pub containers: Option<Vec<ContainerView>>,
     pub init_containers: Option<Vec<ContainerView>>,
+    /// `resourceClaims`: the DRA claims its containers may name.
+    pub resource_claims: Option<Vec<PodResourceClaim>>,
 }
 
 /// `affinity`: only the node affinity.
@@ -275,6 +277,8 @@ pub struct ContainerView {
 pub struct ResourcesView {
     pub requests: Option<BTreeMap<String, serde::de::IgnoredAny>>,
     pub limits: Option<BTreeMap<String, serde::de::IgnoredAny>>,
+    /// DRA claims (`resources.claims`).
+    pub claims: Option<Vec<ResourceClaim>>,
 }
 
 #[derive(Deserialize)]

@@ -26,7 +26,7 @@ pub use input::{
 pub use view::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode, Layered, StaticView};
 
 use crate::field::FieldPath;
-use crate::policy::{DeviceResources, Guard, GuardMode};
+use crate::policy::{DeviceResources, DeviceUse, Guard, GuardMode, UnresolvedClaim};
 
 /// The annotation the kubelet puts on mirror pods of static pods: denying one would not stop
 /// the static pod, so they are not judged.
@@ -52,9 +52,52 @@ pub enum Allowed {
     PriorityMet { priority: i32, minimum: i32 },
     /// An exemption of the policy file applies (which one).
     Exempt(String),
-    /// It targets GPU nodes, but its priority cannot be known here: the offline view does not
-    /// know its PriorityClass `class` (see [`unjudged_message`]).
-    Unjudged { class: String },
+    /// It may violate, but what decides it is not known here (never guessed).
+    Unjudged(Unjudged),
+}
+
+/// What the guard could not know about a workload that it would need to judge it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unjudged {
+    /// It targets GPU nodes, but the offline view does not know its PriorityClass.
+    PriorityClass(String),
+    /// Its verdict depends on whether these DRA claims ask for a device, and their
+    /// ResourceClaimTemplates or ResourceClaims are not known.
+    Claims(Vec<UnresolvedClaim>),
+}
+
+impl Unjudged {
+    /// The full explanation, with what to do (for `check` and the audit log).
+    pub fn message(&self) -> String {
+        match self {
+            Self::PriorityClass(class) => unjudged_message(class),
+            Self::Claims(claims) => format!(
+                "whether this workload uses a device decides its minimum priority, and that \
+                 depends on DRA claims gpu-guard cannot resolve ({}), so it was not checked; \
+                 ship the ResourceClaimTemplate beside the workload, or connect to the cluster",
+                claims
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        }
+    }
+
+    /// The short admission warning.
+    pub fn warning(&self) -> String {
+        match self {
+            Self::PriorityClass(class) => {
+                format!("priority not checked: PriorityClass {class:?} is unknown offline")
+            }
+            // Only what is unknown (`ResourceClaimTemplate ns/x is not known`): a warning is
+            // cut at 120 characters.
+            Self::Claims(claims) => {
+                let unknown: Vec<String> = claims.iter().map(UnresolvedClaim::what).collect();
+                format!("priority not checked: {}", unknown.join("; "))
+            }
+        }
+    }
 }
 
 /// What to tell the user about a workload whose PriorityClass the offline view does not know.
@@ -176,15 +219,16 @@ impl Judging<'_> {
         let (guard, view) = (self.guard, self.view);
         let spec = &template.spec;
         let spec_path = &template.path;
-        let targets = targets(
+        let (targets, unresolved) = targets(
             spec_path,
             spec,
             guard,
             self.devices,
             view,
             self.placed_by_daemonset,
+            self.namespace,
         )?;
-        if targets.is_empty() {
+        if targets.is_empty() && unresolved.is_empty() {
             return Ok(Verdict::Allowed(Allowed::NotTargetingGpuNodes));
         }
         if let Some(class) = spec.priority_class_name.as_deref()
@@ -195,38 +239,55 @@ impl Judging<'_> {
             ))));
         }
         let uses_device = targets.iter().any(|target| target.device);
-        let minimum = if uses_device {
-            guard.minimum_priority.with_device
-        } else {
-            guard.minimum_priority.without_device
-        };
         let priority = priority(self.kind, spec, view)?;
         if let Priority::UnknownClass(class) = &priority
             && !view.authoritative()
         {
-            return Ok(Verdict::Allowed(Allowed::Unjudged {
-                class: class.clone(),
-            }));
+            return Ok(Verdict::Allowed(Allowed::Unjudged(
+                Unjudged::PriorityClass(class.clone()),
+            )));
         }
-        if let Priority::Known { value, .. } = priority
-            && value >= minimum
-        {
-            return Ok(Verdict::Allowed(Allowed::PriorityMet {
-                priority: value,
+        let verdict = |uses_device: bool| {
+            if targets.is_empty() && !uses_device {
+                return Verdict::Allowed(Allowed::NotTargetingGpuNodes);
+            }
+            let minimum = if uses_device {
+                guard.minimum_priority.with_device
+            } else {
+                guard.minimum_priority.without_device
+            };
+            if let Priority::Known { value, .. } = priority
+                && value >= minimum
+            {
+                return Verdict::Allowed(Allowed::PriorityMet {
+                    priority: value,
+                    minimum,
+                });
+            }
+            Verdict::Violation(PriorityViolation {
+                mode: guard.mode_for(self.namespace),
+                subject: self.subject(),
+                replicated_job: template.replicated_job.clone(),
+                targets: targets.clone(),
+                uses_device,
+                priority: priority.clone(),
                 minimum,
-            }));
+                class_path: spec_path.child("priorityClassName"),
+                other_templates: Vec::new(),
+            })
+        };
+        let known = verdict(uses_device);
+        if uses_device || unresolved.is_empty() {
+            return Ok(known);
         }
-        Ok(Verdict::Violation(PriorityViolation {
-            mode: guard.mode_for(self.namespace),
-            subject: self.subject(),
-            replicated_job: template.replicated_job.clone(),
-            targets,
-            uses_device,
-            priority,
-            minimum,
-            class_path: spec_path.child("priorityClassName"),
-            other_templates: Vec::new(),
-        }))
+        // Unresolved claims may be devices: judge both ways, and never guess between them.
+        let allowed = |verdict: &Verdict| matches!(verdict, Verdict::Allowed(_));
+        if allowed(&known) == allowed(&verdict(true)) {
+            return Ok(known);
+        }
+        Ok(Verdict::Allowed(Allowed::Unjudged(Unjudged::Claims(
+            unresolved,
+        ))))
     }
 
     /// `Kind namespace/name`, or `Kind name` when cluster-scoped.
@@ -252,8 +313,8 @@ fn combine(verdicts: Vec<Verdict>) -> Verdict {
     for verdict in verdicts {
         match verdict {
             Verdict::Violation(violation) => violations.push(violation),
-            Verdict::Allowed(Allowed::Unjudged { class }) => {
-                unjudged.get_or_insert(class);
+            Verdict::Allowed(Allowed::Unjudged(why)) => {
+                unjudged.get_or_insert(why);
             }
             Verdict::Allowed(Allowed::PriorityMet { priority, minimum }) => {
                 let margin =
@@ -273,8 +334,8 @@ fn combine(verdicts: Vec<Verdict>) -> Verdict {
         first.other_templates = violations.collect();
         return Verdict::Violation(first);
     }
-    Verdict::Allowed(if let Some(class) = unjudged {
-        Allowed::Unjudged { class }
+    Verdict::Allowed(if let Some(why) = unjudged {
+        Allowed::Unjudged(why)
     } else if let Some((priority, minimum)) = met {
         Allowed::PriorityMet { priority, minimum }
     } else if let Some(why) = exempt {
@@ -350,6 +411,7 @@ fn exemption(
 }
 
 /// Every reason the pod spec at `spec_path` targets GPU nodes, in field order.
+#[allow(clippy::too_many_arguments)]
 fn targets(
     spec_path: &FieldPath,
     spec: &PodSpecView,
@@ -357,8 +419,10 @@ fn targets(
     devices: &DeviceResources,
     view: &dyn ClusterView,
     placed_by_daemonset: bool,
-) -> Result<Vec<Target>, NotSynced> {
+    namespace: &str,
+) -> Result<(Vec<Target>, Vec<UnresolvedClaim>), NotSynced> {
     let mut found = Vec::new();
+    let mut unresolved = Vec::new();
     for (list, containers) in [
         ("containers", &spec.containers),
         ("initContainers", &spec.init_containers),
@@ -367,22 +431,49 @@ fn targets(
             let Some(resources) = &container.resources else {
                 continue;
             };
+            let resources_path = || spec_path.child(list).index(index).child("resources");
             // One reason per container is enough.
             if let Some((field, resource)) = devices
-                .devices_in(resources.limits.as_ref(), resources.requests.as_ref())
+                .devices_in_with(
+                    resources.limits.as_ref(),
+                    resources.requests.as_ref(),
+                    view.dra(),
+                )
                 .next()
             {
                 found.push(Target {
-                    path: spec_path
-                        .child(list)
-                        .index(index)
-                        .child("resources")
-                        .child(field)
-                        .key(resource),
+                    path: resources_path().child(field).key(resource),
                     what: format!("container {:?} uses the device {resource}", container.name),
                     undo: format!("the {resource} request"),
                     device: true,
                 });
+                continue;
+            }
+            if resources.claims.is_none() {
+                continue;
+            }
+            let claimed = devices.claimed_devices(
+                resources.claims.as_deref(),
+                spec.resource_claims.as_deref(),
+                namespace,
+                view.dra(),
+            );
+            match claimed.devices.first() {
+                Some(DeviceUse::Claim {
+                    index: at,
+                    claim,
+                    class,
+                }) => found.push(Target {
+                    path: resources_path().child("claims").index(*at),
+                    what: format!(
+                        "container {:?} uses a device of DeviceClass {class} (DRA claim \
+                         {claim:?})",
+                        container.name
+                    ),
+                    undo: format!("the {claim} claim"),
+                    device: true,
+                }),
+                _ => unresolved.extend(claimed.unresolved),
             }
         }
     }
@@ -481,7 +572,7 @@ fn targets(
             device: false,
         });
     }
-    Ok(found)
+    Ok((found, unresolved))
 }
 
 /// Whether a label requirement of a node-affinity term can only be met by GPU nodes: `In`

@@ -869,9 +869,9 @@ fn a_gang_verdict_is_its_worst_replicated_job() {
         ),
         (
             vec![&high, &unknown],
-            Verdict::Allowed(Allowed::Unjudged {
-                class: "not-offline".into(),
-            }),
+            Verdict::Allowed(Allowed::Unjudged(Unjudged::PriorityClass(
+                "not-offline".into(),
+            ))),
         ),
     ] {
         let jobs: Vec<Value> = specs

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::policy::OfflineCluster;
+use crate::policy::{DraFacts, DraObjects, Lookup, NoDraFacts, OfflineCluster};
 
 /// The built-in PriorityClasses every cluster has, known without one.
 pub const BUILT_IN_PRIORITY_CLASSES: [(&str, i32); 2] = [
@@ -41,6 +41,11 @@ pub trait ClusterView: Send + Sync {
     fn global_default_priority_class(&self) -> Option<(String, i32)>;
     /// The node `name`, if known.
     fn node(&self, name: &str) -> Option<KnownNode>;
+    /// The DRA objects the view knows (ResourceClaimTemplates, ResourceClaims, DeviceClasses),
+    /// to tell whether a container's claim is a device.
+    fn dra(&self) -> &dyn DraFacts {
+        &NoDraFacts
+    }
 }
 
 /// A view built from the policy file, `--priority-class` flags and objects found in
@@ -51,6 +56,7 @@ pub struct StaticView {
     gpu_nodes: Vec<String>,
     nodes: BTreeMap<String, Arc<Node>>,
     authoritative: bool,
+    dra: DraObjects,
 }
 
 impl StaticView {
@@ -81,6 +87,12 @@ impl StaticView {
             .insert(name.to_owned(), (value, global_default));
     }
 
+    /// Adds a ResourceClaimTemplate, ResourceClaim or DeviceClass given as JSON; returns
+    /// whether `object` was one.
+    pub fn add_dra_object(&mut self, object: &serde_json::Value) -> bool {
+        self.dra.add(object)
+    }
+
     /// Adds (or replaces) a Node object.
     pub fn add_node(&mut self, node: Node) {
         let name = node.metadata.name.clone().unwrap_or_default();
@@ -108,6 +120,10 @@ impl ClusterView for StaticView {
             .filter(|(_, (_, global_default))| *global_default)
             .min_by_key(|(_, (value, _))| *value)
             .map(|(name, (value, _))| (name.clone(), *value))
+    }
+
+    fn dra(&self) -> &dyn DraFacts {
+        &self.dra
     }
 
     fn node(&self, name: &str) -> Option<KnownNode> {
@@ -150,5 +166,32 @@ impl ClusterView for Layered<'_> {
 
     fn node(&self, name: &str) -> Option<KnownNode> {
         self.over.node(name).or_else(|| self.under.node(name))
+    }
+
+    fn dra(&self) -> &dyn DraFacts {
+        self
+    }
+}
+
+impl DraFacts for Layered<'_> {
+    fn claim_template(&self, namespace: &str, name: &str) -> Lookup {
+        match self.over.dra.claim_template(namespace, name) {
+            Lookup::Found(devices) => Lookup::Found(devices),
+            _ => self.under.dra().claim_template(namespace, name),
+        }
+    }
+
+    fn claim(&self, namespace: &str, name: &str) -> Lookup {
+        match self.over.dra.claim(namespace, name) {
+            Lookup::Found(devices) => Lookup::Found(devices),
+            _ => self.under.dra().claim(namespace, name),
+        }
+    }
+
+    fn class_of_extended_resource(&self, resource: &str) -> Option<String> {
+        self.over
+            .dra
+            .class_of_extended_resource(resource)
+            .or_else(|| self.under.dra().class_of_extended_resource(resource))
     }
 }

@@ -3,8 +3,8 @@
 //! against.
 //!
 //! The engine reads a Job's labels and annotations, a few spec fields, the pod template's
-//! restart policy, grace period and tolerations, and each container's name, restart policy
-//! and resources. An API server object is mostly other things (`managedFields`, env vars,
+//! restart policy, grace period, tolerations and DRA claims, and each container's name,
+//! restart policy and resources. An API server object is mostly other things (`managedFields`, env vars,
 //! volumes, affinity, status): they are skipped unread here, which is most of the webhook's
 //! saving over decoding the whole Job. The Job handed to the engine has only the fields it
 //! reads; a property test proves the patch is the same as from the whole object.
@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec, PodFailurePolicy, PodFailurePolicyRule};
 use k8s_openapi::api::core::v1::{
-    Container, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
+    Container, PodResourceClaim, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -85,6 +85,7 @@ struct RawPod {
     restart_policy: Option<String>,
     termination_grace_period_seconds: Option<i64>,
     tolerations: Option<Vec<Toleration>>,
+    resource_claims: Option<Vec<PodResourceClaim>>,
 }
 
 #[derive(Deserialize)]
@@ -192,6 +193,7 @@ pub(super) fn job_spec(raw_spec: RawSpec) -> (JobSpec, Value) {
                 restart_policy: pod.restart_policy,
                 termination_grace_period_seconds: pod.termination_grace_period_seconds,
                 tolerations: pod.tolerations,
+                resource_claims: pod.resource_claims,
                 ..PodSpec::default()
             });
         }

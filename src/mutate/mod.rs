@@ -49,7 +49,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use change::Change;
 pub use workload::{DeviceContainers, device_containers};
 
-use crate::policy::{Policy, RuleAction};
+use crate::policy::{DraFacts, NoDraFacts, Policy, RuleAction};
 use crate::rules;
 use crate::rules::jobset::{GROUP as JOBSET_GROUP, JOBSET_NAME_LABEL};
 use crate::wellknown::{INJECT_KEY, MUTATED_ANNOTATION, SKIP_ANNOTATION};
@@ -190,13 +190,49 @@ impl JobRole {
     }
 }
 
-/// Decides and applies everything the policy asks for on one Job.
-pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
-    mutate_job_as(job, policy, JobRole::Standalone)
+/// Where a Job is, and what is known of the cluster's DRA objects (to tell whether a claim is
+/// a device): the webhook's caches, a manifest's documents, or nothing ([`NoDraFacts`]).
+#[derive(Clone, Copy)]
+pub struct ClusterFacts<'a> {
+    /// The namespace of the Job (claims are namespaced).
+    pub namespace: &'a str,
+    pub dra: &'a dyn DraFacts,
 }
 
-/// [`mutate_job`] for a Job in `role`.
-pub fn mutate_job_as(job: &Job, policy: &Policy, role: JobRole) -> Outcome {
+impl<'a> ClusterFacts<'a> {
+    /// The facts for an object with `metadata`.
+    pub fn of(metadata: &'a ObjectMeta, dra: &'a dyn DraFacts) -> Self {
+        Self {
+            namespace: metadata.namespace.as_deref().unwrap_or_default(),
+            dra,
+        }
+    }
+}
+
+/// Decides and applies everything the policy asks for on one Job, with no DRA objects known
+/// (a Job that claims GPUs through DRA is then not seen as a device Job: see
+/// [`mutate_job_with`]).
+pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
+    mutate_job_with(job, policy, &NoDraFacts)
+}
+
+/// [`mutate_job`] with the DRA objects `dra` knows.
+pub fn mutate_job_with(job: &Job, policy: &Policy, dra: &dyn DraFacts) -> Outcome {
+    mutate_job_as(
+        job,
+        policy,
+        JobRole::Standalone,
+        ClusterFacts::of(&job.metadata, dra),
+    )
+}
+
+/// [`mutate_job`] for a Job in `role`, in the namespace and with the DRA objects of `facts`.
+pub fn mutate_job_as(
+    job: &Job,
+    policy: &Policy,
+    role: JobRole,
+    facts: ClusterFacts<'_>,
+) -> Outcome {
     if has_true(job.metadata.annotations.as_ref(), SKIP_ANNOTATION) {
         return Outcome::skipped(job, SkipReason::SkipAnnotation);
     }
@@ -212,9 +248,11 @@ pub fn mutate_job_as(job: &Job, policy: &Policy, role: JobRole) -> Outcome {
     };
     let opted_in = has_true(job.metadata.labels.as_ref(), INJECT_KEY)
         || has_true(job.metadata.annotations.as_ref(), INJECT_KEY);
-    let devices = device_containers(pod, &policy.devices, opted_in);
+    let devices = device_containers(pod, &policy.devices, opted_in, facts.namespace, facts.dra);
     if devices.is_empty() {
-        return Outcome::skipped(job, SkipReason::NotDeviceWorkload);
+        let mut outcome = Outcome::skipped(job, SkipReason::NotDeviceWorkload);
+        outcome.warnings = devices.unresolved;
+        return outcome;
     }
 
     let mut draft = Draft {
@@ -223,6 +261,7 @@ pub fn mutate_job_as(job: &Job, policy: &Policy, role: JobRole) -> Outcome {
         changes: Vec::new(),
         warnings: Vec::new(),
     };
+    draft.warnings.extend(devices.unresolved.iter().cloned());
     let mutation = &policy.mutation;
     failure_policy::apply(&mut draft, &devices, &mutation.pod_failure_policy);
     pod_settings::apply_grace_window(&mut draft, &mutation.termination_grace_period);
@@ -271,8 +310,17 @@ pub fn mutate_job_as(job: &Job, policy: &Policy, role: JobRole) -> Outcome {
 
 /// [`mutate_job`] for the `jobTemplate` of a CronJob: the template is treated as the Job it
 /// will create, so its changes apply under `spec.jobTemplate`.
-pub fn mutate_job_template(template: &JobTemplateSpec, policy: &Policy) -> Outcome {
-    mutate_job(&template_as_job(template), policy)
+pub fn mutate_job_template(
+    template: &JobTemplateSpec,
+    policy: &Policy,
+    facts: ClusterFacts<'_>,
+) -> Outcome {
+    mutate_job_as(
+        &template_as_job(template),
+        policy,
+        JobRole::Standalone,
+        facts,
+    )
 }
 
 /// The Job a CronJob's `jobTemplate` describes (its metadata and spec).

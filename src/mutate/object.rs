@@ -13,9 +13,10 @@ use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use super::{job_view, jobset_view};
 use crate::field::FieldPath;
 use crate::mutate::{
-    Outcome, SkipReason, is_skipped, mutate_job, mutate_job_template, template_as_job,
+    ClusterFacts, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
+    template_as_job,
 };
-use crate::policy::Policy;
+use crate::policy::{DraFacts, NoDraFacts, Policy};
 use crate::rules::jobset::JobSetSpec;
 use crate::wellknown::MUTATED_ANNOTATION;
 
@@ -139,16 +140,27 @@ pub enum ObjectError {
     PatchDoesNotApply(#[from] json_patch::PatchError),
 }
 
-/// Runs the engine on a raw Job or CronJob. Returns `None` for every other kind.
+/// Runs the engine on a raw object of a [`MutableKind`], with no DRA objects known. Returns
+/// `None` for every other kind.
 pub fn mutate_object(raw: &Value, policy: &Policy) -> Option<Result<ObjectMutation, ObjectError>> {
+    mutate_object_with(raw, policy, &NoDraFacts)
+}
+
+/// [`mutate_object`] with the DRA objects `dra` knows (to tell whether a claim is a device).
+pub fn mutate_object_with(
+    raw: &Value,
+    policy: &Policy,
+    dra: &dyn DraFacts,
+) -> Option<Result<ObjectMutation, ObjectError>> {
     let kind = MutableKind::of(raw)?;
-    Some(mutate_known(raw, kind, policy))
+    Some(mutate_known(raw, kind, policy, dra))
 }
 
 fn mutate_known(
     raw: &Value,
     kind: MutableKind,
     policy: &Policy,
+    dra: &dyn DraFacts,
 ) -> Result<ObjectMutation, ObjectError> {
     let (outcome, patch) = match kind {
         MutableKind::Job => {
@@ -156,7 +168,7 @@ fn mutate_known(
                 kind: kind.api_name(),
                 source,
             })?;
-            let outcome = mutate_job(&job, policy);
+            let outcome = mutate_job_with(&job, policy, dra);
             let patch = patch::operations(&outcome.changes, raw, JOB_ROOT);
             (ObjectOutcome::Job(Box::new(outcome)), patch)
         }
@@ -167,7 +179,7 @@ fn mutate_known(
             let outcome = if is_skipped(&metadata) {
                 Outcome::skipped(&template_as_job(&template), SkipReason::SkipAnnotation)
             } else {
-                mutate_job_template(&template, policy)
+                mutate_job_template(&template, policy, ClusterFacts::of(&metadata, dra))
             };
             let patch = patch::operations(&outcome.changes, raw, CRON_JOB_TEMPLATE_ROOT);
             (ObjectOutcome::Job(Box::new(outcome)), patch)
@@ -178,7 +190,7 @@ fn mutate_known(
             let root = kind.jobset_spec_root().unwrap_or("/spec");
             let metadata: ObjectMeta = part(raw, "/metadata", kind)?.unwrap_or_default();
             let spec: JobSetSpec = part(raw, root, kind)?.unwrap_or_default();
-            return jobset_mutation(kind, &metadata, &spec, raw, policy);
+            return jobset_mutation(kind, &metadata, &spec, raw, policy, dra);
         }
     };
     if !patch.is_empty() {
@@ -226,6 +238,7 @@ pub fn restore_object(
     old: &Value,
     new: &Value,
     policy: &Policy,
+    dra: &dyn DraFacts,
 ) -> Option<Result<ObjectMutation, ObjectError>> {
     let kind = MutableKind::of(new)?;
     let mutated_by_us = old
@@ -235,7 +248,7 @@ pub fn restore_object(
     if !mutated_by_us || MutableKind::of(old) != Some(kind) {
         return None;
     }
-    Some(restore_known(kind, old, new, policy))
+    Some(restore_known(kind, old, new, policy, dra))
 }
 
 fn restore_known(
@@ -243,8 +256,9 @@ fn restore_known(
     old: &Value,
     new: &Value,
     policy: &Policy,
+    dra: &dyn DraFacts,
 ) -> Result<ObjectMutation, ObjectError> {
-    let redo = mutate_known(new, kind, policy)?;
+    let redo = mutate_known(new, kind, policy, dra)?;
     let redone = patch::apply(new, &redo.patch)?;
     let mut owned: Vec<String> = Vec::new();
     let job_fields = |root: &str| -> Vec<String> {
@@ -307,12 +321,16 @@ fn restore_known(
 /// ([`job_view`]) and derives and checks the patch against the raw object's skeleton, so no
 /// `serde_json::Value` of the whole object, and no typed copy of what the engine ignores, is
 /// built. The outcome's Job has only the fields the engine reads.
-pub fn mutate_job_json(raw: &str, policy: &Policy) -> Result<ObjectMutation, ObjectError> {
+pub fn mutate_job_json(
+    raw: &str,
+    policy: &Policy,
+    dra: &dyn DraFacts,
+) -> Result<ObjectMutation, ObjectError> {
     let view = job_view::decode(raw).map_err(|source| ObjectError::Decode {
         kind: MutableKind::Job.api_name(),
         source,
     })?;
-    let outcome = mutate_job(&view.job, policy);
+    let outcome = mutate_job_with(&view.job, policy, dra);
     let patch = patch::operations(&outcome.changes, &view.skeleton, JOB_ROOT);
     if !patch.is_empty() {
         patch::check_applies(&view.skeleton, &patch)?;
@@ -330,12 +348,20 @@ pub fn mutate_jobset_json(
     raw: &str,
     kind: MutableKind,
     policy: &Policy,
+    dra: &dyn DraFacts,
 ) -> Result<ObjectMutation, ObjectError> {
     let view = jobset_view::decode(raw, kind).map_err(|source| ObjectError::Decode {
         kind: kind.api_name(),
         source,
     })?;
-    jobset_mutation(kind, &view.metadata, &view.spec, &view.skeleton, policy)
+    jobset_mutation(
+        kind,
+        &view.metadata,
+        &view.spec,
+        &view.skeleton,
+        policy,
+        dra,
+    )
 }
 
 /// The JobSet engine on the spec of an object of a JobSet `kind`, with the patch derived from
@@ -346,10 +372,11 @@ fn jobset_mutation(
     spec: &JobSetSpec,
     raw: &Value,
     policy: &Policy,
+    dra: &dyn DraFacts,
 ) -> Result<ObjectMutation, ObjectError> {
     let root = kind.jobset_spec_root().unwrap_or("/spec");
     let path = FieldPath::new(root.trim_start_matches('/').split('/'));
-    let outcome = mutate_jobset(metadata, spec, &path, policy);
+    let outcome = mutate_jobset(metadata, spec, &path, policy, dra);
     let patch = patch::jobset_operations(&outcome, raw, root);
     if !patch.is_empty() {
         patch::check_applies(raw, &patch)?;

@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-use crate::policy::DeviceResources;
+use crate::policy::{DeviceResources, DraFacts};
 
 /// The containers of a pod template that exit-code rules should name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,6 +16,8 @@ pub struct DeviceContainers {
     pub device_sidecars: Vec<String>,
     /// Whether the pod has any native sidecar.
     pub has_sidecars: bool,
+    /// DRA claims that could not be resolved, one warning each (not counted as devices).
+    pub unresolved: Vec<String>,
 }
 
 impl DeviceContainers {
@@ -25,48 +27,62 @@ impl DeviceContainers {
     }
 }
 
-/// Finds the device containers of a pod template. With `opted_in`, a template that requests no
-/// device is treated as if every regular container did.
+/// Finds the device containers of a pod template of a workload in `namespace`, with the DRA
+/// objects `facts` knows. With `opted_in`, a template that requests no device is treated as
+/// if every regular container did.
 pub fn device_containers(
     pod: &PodSpec,
     devices: &DeviceResources,
     opted_in: bool,
+    namespace: &str,
+    facts: &dyn DraFacts,
 ) -> DeviceContainers {
     let mut found = DeviceContainers::default();
+    let mut uses_device = |container: &Container| {
+        let found_here =
+            devices.container_devices(container, pod.resource_claims.as_deref(), namespace, facts);
+        found
+            .unresolved
+            .extend(found_here.unresolved.iter().map(|claim| {
+                format!(
+                    "{claim} of container {:?}: not counted as a device",
+                    container.name
+                )
+            }));
+        found_here.uses_device()
+    };
+    let mut targets = Vec::new();
+    let mut device_sidecars = Vec::new();
+    let mut has_sidecars = false;
     for container in &pod.containers {
-        if uses_device(container, devices) {
-            found.targets.push(container.name.clone());
+        if uses_device(container) {
+            targets.push(container.name.clone());
         }
     }
     for container in pod.init_containers.iter().flatten() {
         let sidecar = container.restart_policy.as_deref() == Some("Always");
-        found.has_sidecars |= sidecar;
-        if uses_device(container, devices) {
+        has_sidecars |= sidecar;
+        if uses_device(container) {
             if sidecar {
-                found.device_sidecars.push(container.name.clone());
+                device_sidecars.push(container.name.clone());
             } else {
-                found.targets.push(container.name.clone());
+                targets.push(container.name.clone());
             }
         }
     }
+    found.targets = targets;
+    found.device_sidecars = device_sidecars;
+    found.has_sidecars = has_sidecars;
     if found.is_empty() && opted_in {
         found.targets = pod.containers.iter().map(|c| c.name.clone()).collect();
     }
     found
 }
 
-fn uses_device(container: &Container, devices: &DeviceResources) -> bool {
-    container.resources.as_ref().is_some_and(|resources| {
-        devices
-            .devices_in(resources.limits.as_ref(), resources.requests.as_ref())
-            .next()
-            .is_some()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::NoDraFacts;
     use serde_json::json;
 
     fn pod(value: serde_json::Value) -> PodSpec {
@@ -121,7 +137,7 @@ mod tests {
             ),
         ];
         for (name, spec, opted_in, targets, sidecars) in cases {
-            let found = device_containers(&pod(spec), &devices, opted_in);
+            let found = device_containers(&pod(spec), &devices, opted_in, "ns", &NoDraFacts);
             assert_eq!(found.targets, targets, "{name}");
             assert_eq!(found.device_sidecars, sidecars, "{name}");
         }

@@ -14,16 +14,19 @@
 //! ```
 
 mod controller;
+mod devices;
 mod guard;
 mod load;
 pub mod reference;
 mod validate;
 
-use std::collections::BTreeMap;
-
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use devices::{
+    ClaimDevices, ClaimRequest, ContainerDevices, DeviceResources, DeviceUse, DraFacts, DraObjects,
+    IMPLICIT_EXTENDED_RESOURCE_PREFIX, Lookup, NoDraFacts, UnresolvedClaim,
+};
 pub use guard::{
     ExemptWorkload, Exemptions, GpuNodeLabel, Guard, GuardMode, MinimumPriority, OfflineCluster,
     OfflinePriorityClass, TaintEffect,
@@ -88,56 +91,6 @@ impl Policy {
         let mut text = serde_json::to_string_pretty(&schema).expect("a schema serializes");
         text.push('\n');
         text
-    }
-}
-
-/// Extended resources that mark a container as using a device.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct DeviceResources {
-    /// Exact resource names, e.g. `nvidia.com/gpu`.
-    pub names: Vec<String>,
-    /// Name prefixes, e.g. `nvidia.com/mig-` for every MIG profile.
-    pub prefixes: Vec<String>,
-}
-
-impl Default for DeviceResources {
-    fn default() -> Self {
-        Self {
-            names: ["nvidia.com/gpu", "amd.com/gpu"].map(String::from).to_vec(),
-            prefixes: vec!["nvidia.com/mig-".to_owned()],
-        }
-    }
-}
-
-impl DeviceResources {
-    /// The device resources a container's `resources` name: each `(field, resource)` with
-    /// `field` `"limits"` or `"requests"`, limits first, in key order. This is the one rule of
-    /// "this container uses a device": the engine, the guard and the controller all ask it.
-    pub fn devices_in<'a, V>(
-        &'a self,
-        limits: Option<&'a BTreeMap<String, V>>,
-        requests: Option<&'a BTreeMap<String, V>>,
-    ) -> impl Iterator<Item = (&'static str, &'a str)> + 'a {
-        [("limits", limits), ("requests", requests)]
-            .into_iter()
-            .flat_map(|(field, names)| {
-                names
-                    .into_iter()
-                    .flatten()
-                    .map(move |(name, _)| (field, name))
-            })
-            .filter(|(_, name)| self.is_device_resource(name))
-            .map(|(field, name)| (field, name.as_str()))
-    }
-
-    /// Whether a resource name (a key of `resources.requests` or `resources.limits`) is a device.
-    pub fn is_device_resource(&self, resource: &str) -> bool {
-        self.names.iter().any(|name| name == resource)
-            || self
-                .prefixes
-                .iter()
-                .any(|prefix| resource.starts_with(prefix.as_str()))
     }
 }
 

@@ -35,10 +35,16 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
     }
 
     let devices = FieldPath::new(["devices"]);
-    if policy.devices.names.is_empty() && policy.devices.prefixes.is_empty() {
+    let listed = &policy.devices;
+    if listed.names.is_empty()
+        && listed.prefixes.is_empty()
+        && listed.classes.is_empty()
+        && listed.class_prefixes.is_empty()
+    {
         report(
             devices.clone(),
-            "list at least one device resource in names or prefixes (e.g. nvidia.com/gpu)"
+            "list at least one device resource in names or prefixes (e.g. nvidia.com/gpu) or \
+             one DRA DeviceClass in classes or classPrefixes (e.g. gpu.nvidia.com)"
                 .to_owned(),
         );
     }
@@ -64,6 +70,31 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
                 format!(
                     "{prefix:?} is not the start of an extended resource name (e.g. \
                      nvidia.com/mig-)"
+                ),
+            );
+        }
+    }
+
+    for (index, class) in policy.devices.classes.iter().enumerate() {
+        let errors = dns_subdomain_errors(class);
+        if !errors.is_empty() {
+            report(
+                devices.child("classes").index(index),
+                format!(
+                    "{class:?} is not a DeviceClass name (a DNS subdomain such as \
+                     gpu.nvidia.com){}",
+                    suffix(&errors)
+                ),
+            );
+        }
+    }
+    for (index, prefix) in policy.devices.class_prefixes.iter().enumerate() {
+        if prefix.is_empty() || !dns_subdomain_errors(&format!("{prefix}x")).is_empty() {
+            report(
+                devices.child("classPrefixes").index(index),
+                format!(
+                    "{prefix:?} is not the start of a DeviceClass name (a DNS subdomain cut \
+                     short, e.g. gpu.)"
                 ),
             );
         }

@@ -71,8 +71,8 @@ impl Checked {
     }
 }
 
-/// Adds the PriorityClass and Node objects among `objects` to `view`; returns the errors of
-/// those that cannot be read.
+/// Adds the PriorityClass, Node and DRA (ResourceClaimTemplate, ResourceClaim, DeviceClass)
+/// objects among `objects` to `view`; returns the errors of those that cannot be read.
 pub fn learn(view: &mut StaticView, objects: &[Object<'_>]) -> Vec<String> {
     let mut errors = Vec::new();
     for object in objects {
@@ -105,7 +105,10 @@ pub fn learn(view: &mut StaticView, objects: &[Object<'_>]) -> Vec<String> {
                     object.location()
                 )),
             },
-            _ => {}
+            // ResourceClaimTemplates, ResourceClaims and DeviceClasses: to resolve DRA claims.
+            _ => {
+                view.add_dra_object(value);
+            }
         }
     }
     errors
@@ -187,9 +190,9 @@ pub fn check(
                 finding.verdict = "exempt";
                 finding.message = Some(why);
             }
-            Ok(Verdict::Allowed(Allowed::Unjudged { class })) => {
+            Ok(Verdict::Allowed(Allowed::Unjudged(why))) => {
                 finding.verdict = "unjudged";
-                finding.message = Some(guard::unjudged_message(&class));
+                finding.message = Some(why.message());
             }
             Ok(Verdict::Allowed(Allowed::PriorityMet { priority, minimum })) => {
                 finding.priority = Some(priority);
@@ -217,7 +220,7 @@ pub fn check(
                 finding.minimum = Some(violation.minimum);
             }
         }
-        if let Some(Ok(mutation)) = object::mutate_object(value, policy)
+        if let Some(Ok(mutation)) = object::mutate_object_with(value, policy, view.dra())
             && !mutation.patch.is_empty()
         {
             finding.mutation = Some(mutation.outcome.summary());

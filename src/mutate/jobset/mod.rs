@@ -32,8 +32,9 @@ use k8s_openapi::api::batch::v1::{Job, PodFailurePolicyRule};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use super::{Change, JobRole, Outcome, SkipReason, is_skipped, mutate_job_as};
+use super::{Change, ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_as};
 use crate::field::FieldPath;
+use crate::policy::DraFacts;
 use crate::policy::{ExistingPolicy, Policy, RuleAction};
 use crate::rules::jobset::{
     FailurePolicy, FailurePolicyRule, JobSetSpec, check_jobset_spec, default_rule_name,
@@ -105,6 +106,7 @@ pub fn mutate_jobset(
     spec: &JobSetSpec,
     path: &FieldPath,
     policy: &Policy,
+    dra: &dyn DraFacts,
 ) -> JobSetOutcome {
     if is_skipped(metadata) {
         return JobSetOutcome::unchanged(spec, Vec::new(), Some(SkipReason::SkipAnnotation));
@@ -147,7 +149,9 @@ pub fn mutate_jobset(
             spec: replica.template.spec.clone(),
             status: None,
         };
-        let outcome = mutate_job_as(&job, policy, JobRole::JobSetReplica);
+        // The replicated Jobs are created in the JobSet's namespace.
+        let facts = ClusterFacts::of(metadata, dra);
+        let outcome = mutate_job_as(&job, policy, JobRole::JobSetReplica, facts);
         warnings.extend(
             outcome
                 .warnings

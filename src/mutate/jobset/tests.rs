@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::policy::NoDraFacts;
 use crate::policy::OnFailureRestartPolicy;
 use crate::wellknown::SKIP_ANNOTATION;
 
@@ -31,6 +32,7 @@ fn run(spec: &JobSetSpec, policy: &Policy) -> JobSetOutcome {
         spec,
         &FieldPath::new(["spec"]),
         policy,
+        &NoDraFacts,
     )
 }
 
@@ -208,6 +210,7 @@ fn which_jobsets_are_left_alone() {
         &gpu,
         &FieldPath::new(["spec"]),
         &Policy::embedded(),
+        &NoDraFacts,
     );
     assert_eq!(skipped.skipped, Some(SkipReason::SkipAnnotation));
     assert!(!skipped.is_changed());

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use gpu_guard::cluster::{self, CacheStatus, ClusterCache, ClusterError};
 use gpu_guard::guard::{ClusterView, KnownNode};
+use gpu_guard::policy::Lookup;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
-use support::fake_api::{CLASSES, Fake, NODES};
+use support::fake_api::{CLAIM_TEMPLATES, CLAIMS, CLASSES, DEVICE_CLASSES, Fake, NODES};
 use support::{DEADLINE, eventually};
 
 // ---------------------------------------------------------------------------------------------
@@ -128,7 +129,13 @@ async fn synced_only_after_both_lists_then_answers_from_the_cache() {
     .await;
     assert!(!cache.synced());
     assert!(!cache.wait_synced(Duration::from_millis(50)).await);
-    assert!(cache.status().iter().all(|status| !status.synced));
+    assert!(
+        cache
+            .status()
+            .iter()
+            .filter(|status| ["priorityclasses", "nodes"].contains(&status.resource))
+            .all(|status| !status.synced)
+    );
     // Built-in classes are known without a list; nothing else is.
     assert_eq!(
         cache.priority_class("system-node-critical"),
@@ -221,7 +228,13 @@ async fn synced_only_after_both_lists_then_answers_from_the_cache() {
             .iter()
             .map(|status| status.resource)
             .collect::<Vec<_>>(),
-        ["priorityclasses", "nodes"]
+        [
+            "priorityclasses",
+            "nodes",
+            "resourceclaimtemplates",
+            "resourceclaims",
+            "deviceclasses"
+        ]
     );
 }
 
@@ -642,4 +655,196 @@ async fn check_reads_classes_and_nodes_from_the_cluster() {
         report.stdout
     );
     assert!(fake.lists(CLASSES).len() == 1 && fake.lists(NODES).len() == 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DRA: ResourceClaimTemplates, ResourceClaims and DeviceClasses
+
+/// NVIDIA's quickstart template (`tests/fixtures/dra/`) in `resource.k8s.io/v1`, with the fields
+/// an API server adds.
+fn claim_template(namespace: &str, name: &str, class: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"namespace": namespace, "name": name, "uid": "7d1c", "generation": 1,
+                     "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": class, "count": 2,
+             "allocationMode": "ExactCount",
+             "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'H100'"}}]}}]}}}
+    })
+}
+
+fn device_class(name: &str, extended_resource: &str, created: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": name, "creationTimestamp": created},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.nvidia.com\""}}],
+                 "extendedResourceName": extended_resource}
+    })
+}
+
+#[tokio::test]
+async fn dra_claims_resolve_from_the_cache_and_follow_the_watch() {
+    let fake = Fake::start().await;
+    fake.set(
+        CLAIM_TEMPLATES,
+        claim_template("ml", "two-gpus", "gpu.nvidia.com"),
+    );
+    fake.set(
+        CLAIMS,
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"namespace": "ml", "name": "shared"},
+               "spec": {"devices": {"requests": [{"name": "r", "firstAvailable": [
+                   {"name": "big", "deviceClassName": "gpu.nvidia.com"},
+                   {"name": "small", "deviceClassName": "mig.nvidia.com"}]}]}},
+               "status": {"allocation": {"devices": {"results": []}}}}),
+    );
+    fake.set(
+        DEVICE_CLASSES,
+        device_class("old-gpus", "example.com/gpu", "2026-01-01T00:00:00Z"),
+    );
+    fake.set(
+        DEVICE_CLASSES,
+        device_class("gpu.nvidia.com", "example.com/gpu", "2026-06-01T00:00:00Z"),
+    );
+    let cache = ClusterCache::start(fake.client());
+    assert!(cache.wait_synced(DEADLINE).await, "the cache did not sync");
+    for resource in ["resourceclaimtemplates", "resourceclaims", "deviceclasses"] {
+        assert!(status(&cache, resource).synced, "{resource}");
+    }
+    let dra = cache.dra();
+    let Lookup::Found(devices) = dra.claim_template("ml", "two-gpus") else {
+        panic!("the template is cached");
+    };
+    assert_eq!(devices.requests.len(), 1);
+    assert_eq!(devices.requests[0].name, "gpu");
+    assert_eq!(
+        devices.requests[0].classes,
+        [(None, "gpu.nvidia.com".to_owned())]
+    );
+    let Lookup::Found(shared) = dra.claim("ml", "shared") else {
+        panic!("the claim is cached");
+    };
+    assert_eq!(shared.requests[0].classes.len(), 2);
+    // Namespaced: the same name elsewhere does not exist.
+    assert_eq!(dra.claim_template("other", "two-gpus"), Lookup::Missing);
+    // Two classes map one extended resource: the newer wins, as in the API server.
+    assert_eq!(
+        dra.class_of_extended_resource("example.com/gpu").as_deref(),
+        Some("gpu.nvidia.com")
+    );
+    assert_eq!(dra.class_of_extended_resource("example.com/nic"), None);
+
+    // A template created later is seen once its watch event arrives.
+    eventually("the template watch is open", || {
+        fake.open_watches(CLAIM_TEMPLATES) == 1
+    })
+    .await;
+    fake.event(
+        CLAIM_TEMPLATES,
+        "ADDED",
+        claim_template("ml", "later", "gpu.amd.com"),
+    );
+    eventually("the new template is cached", || {
+        matches!(cache.dra().claim_template("ml", "later"), Lookup::Found(_))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cluster_without_the_dra_api_syncs_with_no_claims() {
+    let fake = Fake::start().await;
+    fake.set(CLASSES, priority_class("batch", 500, false));
+    for path in [CLAIM_TEMPLATES, CLAIMS, DEVICE_CLASSES] {
+        fake.unserve(path);
+    }
+    let cache = ClusterCache::start(fake.client());
+    assert!(
+        cache.wait_synced(DEADLINE).await,
+        "a cluster that does not serve resource.k8s.io/v1 must not keep the webhook unready"
+    );
+    assert_eq!(
+        cache.dra().claim_template("ml", "two-gpus"),
+        Lookup::Missing
+    );
+    assert_eq!(cache.priority_class("batch"), Some(500));
+}
+
+#[tokio::test]
+async fn until_the_dra_caches_sync_a_claim_is_not_known_and_the_cache_is_not_ready() {
+    let fake = Fake::start().await;
+    fake.set(
+        CLAIM_TEMPLATES,
+        claim_template("ml", "two-gpus", "gpu.nvidia.com"),
+    );
+    fake.hold_lists(CLAIM_TEMPLATES, true);
+    let cache = ClusterCache::start(fake.client());
+    eventually("the template list is requested", || {
+        fake.lists(CLAIM_TEMPLATES).len() == 1
+    })
+    .await;
+    assert!(!cache.wait_synced(Duration::from_millis(200)).await);
+    assert!(!cache.synced());
+    assert_eq!(
+        cache.dra().claim_template("ml", "two-gpus"),
+        Lookup::Unknown
+    );
+    fake.hold_lists(CLAIM_TEMPLATES, false);
+    assert!(cache.wait_synced(DEADLINE).await);
+    assert!(matches!(
+        cache.dra().claim_template("ml", "two-gpus"),
+        Lookup::Found(_)
+    ));
+}
+
+#[tokio::test]
+async fn mutate_resolves_claims_from_the_cluster_with_a_kubeconfig() {
+    use clap::Parser as _;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = Fake::start().await;
+    fake.set(
+        CLAIM_TEMPLATES,
+        claim_template("gpu-test1", "double-gpu", "gpu.nvidia.com"),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = kubeconfig_for(&fake, dir.path());
+    // NVIDIA's quickstart as a Job (tests/fixtures/dra/), without its template: the cluster has it.
+    let fixture = format!(
+        "{}/tests/fixtures/dra/job-with-claim-template.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (documents, _) =
+        gpu_guard::manifest::parse(&std::fs::read_to_string(&fixture).unwrap(), &fixture);
+    let manifest = dir.path().join("job.yaml");
+    std::fs::write(&manifest, documents[0].value.to_string()).unwrap();
+    let run = |with_cluster: bool| {
+        let mut args = vec!["gpu-guard".to_owned(), "mutate".to_owned()];
+        if with_cluster {
+            args.extend(["--kubeconfig".to_owned(), kubeconfig.display().to_string()]);
+        }
+        args.extend(["-f".to_owned(), manifest.display().to_string()]);
+        // `mutate` runs its own runtime: call it off this one.
+        tokio::task::spawn_blocking(move || {
+            gpu_guard::cli::run(&gpu_guard::cli::Cli::parse_from(args))
+        })
+    };
+    let report = run(true).await.expect("mutate ran");
+    assert_eq!(report.exit_code, 0, "{}", report.stderr);
+    assert!(
+        report.stdout.contains("containerName: ctr0"),
+        "{}",
+        report.stdout
+    );
+    let offline = run(false).await.expect("mutate ran");
+    assert_eq!(offline.exit_code, 0, "{}", offline.stderr);
+    assert!(
+        !offline.stdout.contains("podFailurePolicy"),
+        "{}",
+        offline.stdout
+    );
+    assert!(
+        offline.stderr.contains("is not known"),
+        "{}",
+        offline.stderr
+    );
 }

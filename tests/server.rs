@@ -890,7 +890,7 @@ async fn readiness_waits_for_the_cluster_caches_and_lookups_meanwhile_are_500() 
         (status, text.as_str()),
         (
             503,
-            "waiting for the PriorityClass and Node caches to sync\n"
+            "waiting for the cluster caches to sync (PriorityClasses, Nodes and the DRA objects)\n"
         )
     );
     let (_, metrics) = admin_get(&running, "/metrics").await;

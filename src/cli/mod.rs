@@ -12,6 +12,7 @@ pub mod reference;
 mod serve;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -254,3 +255,31 @@ value_enum!(FailurePolicy {
     Ignore => "ignore": "Admit the object when the webhook cannot be reached (the default: gpu-guard can never block the cluster)",
     Fail => "fail": "Reject the object when the webhook cannot be reached",
 });
+
+/// The cluster caches (PriorityClasses, Nodes, DRA objects) of the cluster `kubeconfig` names,
+/// listed within `timeout`, and the runtime that keeps them (it must live while they are read).
+pub(crate) fn cluster_cache(
+    kubeconfig: &std::path::Path,
+    timeout: Duration,
+) -> Result<(tokio::runtime::Runtime, crate::cluster::ClusterCache), String> {
+    let runtime = process::runtime(Some(1))?;
+    let cache = runtime.block_on(async {
+        let client = crate::cluster::client(Some(kubeconfig))
+            .await
+            .map_err(|error| error.to_string())?;
+        let cache = crate::cluster::ClusterCache::start(client);
+        if cache.wait_synced(timeout).await {
+            Ok(cache)
+        } else {
+            Err(format!(
+                "the PriorityClasses, Nodes and DRA objects of the cluster in {} were not listed \
+                 within {} s (is the API server reachable, and may this user list \
+                 priorityclasses, nodes, resourceclaimtemplates, resourceclaims and \
+                 deviceclasses?)",
+                kubeconfig.display(),
+                timeout.as_secs()
+            ))
+        }
+    })?;
+    Ok((runtime, cache))
+}

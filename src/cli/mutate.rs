@@ -6,9 +6,10 @@ use clap::Args;
 use std::path::PathBuf;
 
 use super::Report;
+use crate::guard::{ClusterView, Layered, StaticView};
 use crate::manifest::{self, Document, Format};
 use crate::mutate::object;
-use crate::policy::{DraObjects, Policy};
+use crate::policy::{DraFacts, Policy};
 
 #[derive(Debug, Args)]
 pub struct MutateArgs {
@@ -21,6 +22,15 @@ pub struct MutateArgs {
     /// Print a unified diff of each input against its mutated form instead of the manifests.
     #[arg(long)]
     pub diff: bool,
+    /// Resolve DRA claims also from the ResourceClaimTemplates, ResourceClaims and
+    /// DeviceClasses of the cluster this kubeconfig names (those in the input come first).
+    /// Without it, only the input's are known: a claim it does not ship is reported, not
+    /// guessed.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: how long to wait for the cluster's objects to be listed.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub sync_timeout_seconds: u64,
 }
 
 pub(super) fn run(args: &MutateArgs, policy: &Policy) -> Report {
@@ -44,18 +54,44 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy) -> Report {
     }
     // DRA claims are resolved from the ResourceClaimTemplates, ResourceClaims and
     // DeviceClasses anywhere in the input (a template may come after its Job).
-    let mut dra = DraObjects::default();
+    let mut shipped = StaticView::default();
     for (_, documents, _) in &inputs {
         for object in manifest::objects(documents) {
-            dra.add(&object.value);
+            shipped.add_dra_object(&object.value);
         }
     }
+    // The runtime runs the cache's watches; it lives until the mutation is done.
+    let cluster = match &args.kubeconfig {
+        Some(path) => match super::cluster_cache(
+            path,
+            std::time::Duration::from_secs(args.sync_timeout_seconds),
+        ) {
+            Ok(cluster) => Some(cluster),
+            Err(message) => {
+                report.stderr.push_str(&format!("error: {message}\n"));
+                report.exit_code = 2;
+                return report;
+            }
+        },
+        None => None,
+    };
+    let layered;
+    let dra: &dyn DraFacts = match &cluster {
+        Some((_runtime, cache)) => {
+            layered = Layered {
+                over: shipped,
+                under: cache,
+            };
+            &layered
+        }
+        None => shipped.dra(),
+    };
     for (file, documents, error) in inputs {
         let mut mutated = Vec::with_capacity(documents.len());
         for document in &documents {
             let mut value = document.value.clone();
             if let Err(message) =
-                mutate_document(&mut value, document, policy, &dra, &mut report.stderr)
+                mutate_document(&mut value, document, policy, dra, &mut report.stderr)
             {
                 report.stderr.push_str(&format!("error: {message}\n"));
                 report.exit_code = 1;
@@ -91,7 +127,7 @@ fn mutate_document(
     value: &mut Value,
     document: &Document,
     policy: &Policy,
-    dra: &DraObjects,
+    dra: &dyn DraFacts,
     log: &mut String,
 ) -> Result<(), String> {
     let mut errors = Vec::new();
@@ -113,7 +149,7 @@ fn mutate_object(
     value: &mut Value,
     location: &str,
     policy: &Policy,
-    dra: &DraObjects,
+    dra: &dyn DraFacts,
     log: &mut String,
 ) -> Result<(), String> {
     let name = object_name(value, location);

@@ -50,7 +50,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub kube: KubeconfigArgs,
-    /// Seconds the PriorityClass and Node caches may take to sync at start before a warning is
+    /// Seconds the cluster caches (PriorityClasses, Nodes, DRA objects) may take to sync at start before a warning is
     /// logged (readiness stays false until they have synced).
     #[arg(long, env = "GPU_GUARD_CACHE_SYNC_WARN_SECONDS", default_value_t = 30)]
     pub cache_sync_warn_seconds: u64,

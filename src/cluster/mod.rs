@@ -5,7 +5,8 @@
 //!   all;
 //! - `reflector`: the one reflector helper (list, watch, slim, backoff, a `403` hint in the log)
 //!   both components start their caches with;
-//! - [`ClusterCache`]: the webhook's PriorityClass and Node caches behind the read-only
+//! - [`ClusterCache`]: the webhook's PriorityClass, Node and DRA (ResourceClaimTemplate, ResourceClaim,
+//!   DeviceClass) caches behind the read-only
 //!   [`crate::guard::ClusterView`] (its docs say what is cached, how it keeps up, and the RBAC
 //!   it needs). The controller's caches are [`crate::controller::reconcile::Caches`].
 

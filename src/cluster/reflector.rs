@@ -53,6 +53,11 @@ pub(crate) struct Watch<K> {
     pub slim: fn(&mut K),
     /// Notified on every watch event, so a reader can follow a change at once.
     pub changed: Option<Arc<Notify>>,
+    /// An API the cluster may not serve (`resource.k8s.io/v1` before Kubernetes 1.34, or
+    /// disabled): a list answered `404 Not Found` counts as synced and empty, so a cluster
+    /// without it is not kept waiting. The watcher keeps retrying, and fills the cache once
+    /// the API is served.
+    pub optional: bool,
 }
 
 /// One reflector's store and what its tasks report.
@@ -68,6 +73,8 @@ pub(crate) struct Reflected<K: Resource<DynamicType = ()> + Clone + 'static> {
 struct Activity {
     last_event: Mutex<Option<Instant>>,
     watch_errors: AtomicU64,
+    /// Set when an optional API answered `404`: synced, empty.
+    not_served: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
@@ -100,10 +107,12 @@ where
             config,
             slim,
             changed,
+            optional,
         } = watch;
         let (store, writer) = reflector::store::<K>();
         let activity = Arc::new(Activity::default());
         let (ready_tx, ready) = tokio::sync::watch::channel(false);
+        let ready_tx = Arc::new(ready_tx);
 
         let stream =
             reflector::reflector(writer, watcher(api, config).default_backoff().modify(slim));
@@ -112,6 +121,7 @@ where
             resource,
             activity: activity.clone(),
             changed,
+            not_served: optional.then(|| ready_tx.clone()),
         };
         tasks.push(tokio::spawn(follower.follow(stream)).abort_handle());
 
@@ -140,9 +150,15 @@ where
         &self.store
     }
 
-    /// Whether the first complete list has come (stays true afterwards).
+    /// Whether the first complete list has come (stays true afterwards), or an optional API
+    /// is not served.
     pub fn synced(&self) -> bool {
         *self.ready.borrow()
+    }
+
+    /// The cached object `name` in `namespace` (namespaced resources).
+    pub fn get_namespaced(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+        self.store.get(&ObjectRef::new(name).within(namespace))
     }
 
     /// Waits for the first complete list. False when the tasks were stopped before it came.
@@ -173,6 +189,8 @@ struct Follower {
     resource: &'static str,
     activity: Arc<Activity>,
     changed: Option<Arc<Notify>>,
+    /// For an optional API: marks the cache synced when the API is not served.
+    not_served: Option<Arc<tokio::sync::watch::Sender<bool>>>,
 }
 
 impl Follower {
@@ -190,6 +208,7 @@ impl Follower {
             resource,
             activity,
             changed,
+            not_served,
         } = self;
         let mut stream = pin!(stream);
         while let Some(item) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
@@ -207,6 +226,19 @@ impl Follower {
                 }
                 Err(error) => {
                     activity.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    if let Some(ready) = &not_served
+                        && not_found(&error)
+                    {
+                        if !activity.not_served.swap(true, Ordering::Relaxed) {
+                            ready.send_replace(true);
+                            tracing::info!(
+                                resource,
+                                "{cache}: the API server does not serve {resource}; treated as \
+                                 empty (retrying in the background)"
+                            );
+                        }
+                        continue;
+                    }
                     if forbidden(&error) {
                         tracing::warn!(
                             resource,
@@ -231,6 +263,14 @@ impl Follower {
             "{cache}: the watch stream ended; serving the last known state, no longer updated"
         );
     }
+}
+
+/// Whether the API server does not serve the resource (`404` on the list).
+fn not_found(error: &watcher::Error) -> bool {
+    matches!(
+        error,
+        watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404
+    )
 }
 
 /// Whether the API server refused the list or watch (`403`): a missing RBAC rule.

@@ -115,6 +115,32 @@ impl ClaimDevices {
         Self { requests }
     }
 
+    /// Reads the requests of a typed `resource.k8s.io/v1` claim spec's `devices`.
+    pub fn from_device_claim(
+        devices: Option<&k8s_openapi::api::resource::v1::DeviceClaim>,
+    ) -> Self {
+        let requests = devices
+            .and_then(|devices| devices.requests.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|request| ClaimRequest {
+                name: request.name.clone(),
+                classes: request
+                    .exactly
+                    .iter()
+                    .map(|exactly| (None, exactly.device_class_name.clone()))
+                    .chain(request.first_available.iter().flatten().map(|alternative| {
+                        (
+                            Some(alternative.name.clone()),
+                            alternative.device_class_name.clone(),
+                        )
+                    }))
+                    .collect(),
+            })
+            .collect();
+        Self { requests }
+    }
+
     /// The classes a container gets from this claim: all, or those of one `request` (or
     /// `request/subrequest`).
     fn classes_for<'a>(&'a self, request: Option<&'a str>) -> impl Iterator<Item = &'a str> {

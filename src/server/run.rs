@@ -58,9 +58,10 @@ fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
                 if !cache.wait_synced(warn_after).await {
                     tracing::warn!(
                         waited_s = warn_after.as_secs(),
-                        "the PriorityClass and Node caches have not synced yet; /readyz stays \
+                        "the cluster caches (PriorityClasses, Nodes, ResourceClaimTemplates, \
+                         ResourceClaims, DeviceClasses) have not synced yet; /readyz stays \
                          false until they do (check the API server address and RBAC: get, list \
-                         and watch on priorityclasses and nodes)"
+                         and watch on each of them)"
                     );
                 }
             });

@@ -100,7 +100,9 @@ impl AdminProbes for AppState {
         } else if !self.ready.load(Ordering::Relaxed) {
             Err("starting")
         } else if !self.view.synced() {
-            Err("waiting for the PriorityClass and Node caches to sync")
+            Err(
+                "waiting for the cluster caches to sync (PriorityClasses, Nodes and the DRA objects)",
+            )
         } else {
             Ok(())
         }

@@ -33,13 +33,23 @@ pub const PODS: &str = "/api/v1/pods";
 pub const NAMESPACES: &str = "/api/v1/namespaces";
 pub const CLASSES: &str = "/apis/scheduling.k8s.io/v1/priorityclasses";
 pub const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/gpu-guard/leases";
+pub const CLAIM_TEMPLATES: &str = "/apis/resource.k8s.io/v1/resourceclaimtemplates";
+pub const CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
+pub const DEVICE_CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
 
 /// The collections served: path, kind, apiVersion.
-const COLLECTIONS: [(&str, &str, &str); 4] = [
+const COLLECTIONS: [(&str, &str, &str); 7] = [
     (NODES, "Node", "v1"),
     (PODS, "Pod", "v1"),
     (NAMESPACES, "Namespace", "v1"),
     (CLASSES, "PriorityClass", "scheduling.k8s.io/v1"),
+    (
+        CLAIM_TEMPLATES,
+        "ResourceClaimTemplate",
+        "resource.k8s.io/v1",
+    ),
+    (CLAIMS, "ResourceClaim", "resource.k8s.io/v1"),
+    (DEVICE_CLASSES, "DeviceClass", "resource.k8s.io/v1"),
 ];
 
 // === the log ===
@@ -205,6 +215,12 @@ impl Fake {
         let server = fake.clone();
         serve(listener, move |request| server.clone().handle(request));
         fake
+    }
+
+    /// Stops serving the collection at `path` (its lists answer `404`), as an API server that
+    /// does not serve that API (`resource.k8s.io/v1` before Kubernetes 1.34).
+    pub fn unserve(&self, path: &str) {
+        self.lock().collections.remove(path);
     }
 
     pub fn url(&self) -> String {

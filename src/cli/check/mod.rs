@@ -11,7 +11,6 @@ mod findings;
 
 use crate::manifest;
 use crate::policy::Policy;
-use crate::process;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -24,12 +23,12 @@ pub struct CheckArgs {
     /// The namespace of objects that name none (as kubectl's default namespace).
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
-    /// Read PriorityClasses and Nodes from the cluster this kubeconfig names (instead of the
-    /// policy file; PriorityClass and Node objects among the inputs and --priority-class flags
-    /// still take precedence).
+    /// Read PriorityClasses, Nodes and DRA objects (ResourceClaimTemplates, ResourceClaims,
+    /// DeviceClasses) from the cluster this kubeconfig names (instead of the policy file; such
+    /// objects among the inputs and --priority-class flags still take precedence).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
-    /// With --kubeconfig: how long to wait for the PriorityClasses and Nodes to be listed.
+    /// With --kubeconfig: how long to wait for the cluster's objects to be listed.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub sync_timeout_seconds: u64,
     /// Output format.
@@ -78,10 +77,12 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy) -> Report {
     };
     // The runtime runs the cache's watches; it lives until the check is done.
     let cluster = match &args.kubeconfig {
-        Some(path) => match cluster_view(path, Duration::from_secs(args.sync_timeout_seconds)) {
-            Ok(cluster) => Some(cluster),
-            Err(message) => return usage_error(message),
-        },
+        Some(path) => {
+            match super::cluster_cache(path, Duration::from_secs(args.sync_timeout_seconds)) {
+                Ok(cluster) => Some(cluster),
+                Err(message) => return usage_error(message),
+            }
+        }
         None => None,
     };
     let checked = match &cluster {
@@ -119,29 +120,4 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy) -> Report {
             0
         },
     }
-}
-
-/// The PriorityClasses and Nodes of the cluster `kubeconfig` names, listed within `timeout`.
-fn cluster_view(
-    kubeconfig: &std::path::Path,
-    timeout: Duration,
-) -> Result<(tokio::runtime::Runtime, crate::cluster::ClusterCache), String> {
-    let runtime = process::runtime(Some(1))?;
-    let cache = runtime.block_on(async {
-        let client = crate::cluster::client(Some(kubeconfig))
-            .await
-            .map_err(|error| error.to_string())?;
-        let cache = crate::cluster::ClusterCache::start(client);
-        if cache.wait_synced(timeout).await {
-            Ok(cache)
-        } else {
-            Err(format!(
-                "the PriorityClasses and Nodes of the cluster in {} were not listed within {} s \
-                 (is the API server reachable, and may this user list priorityclasses and nodes?)",
-                kubeconfig.display(),
-                timeout.as_secs()
-            ))
-        }
-    })?;
-    Ok((runtime, cache))
 }

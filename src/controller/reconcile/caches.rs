@@ -120,6 +120,7 @@ where
         config,
         slim,
         changed: Some(changed.clone()),
+        optional: false,
     };
     Reflected::start(watch, tasks)
 }

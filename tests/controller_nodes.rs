@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use support::controller::{
     TAINT_TIME, World, gpu_node, has_our_taint, pod_world, policy, push_taint,
 };
-use support::fake_api::{Logged, NODES};
+use support::fake_api::{Logged, NODES, RESOURCE_SLICES};
 
 #[tokio::test]
 async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery() {
@@ -386,5 +386,54 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
     assert_eq!(
         world.fake.events().last().expect("an event").0,
         "DeviceRecovered"
+    );
+}
+
+/// A node whose GPUs come from a DRA driver (NVIDIA's `gpu.nvidia.com`: no extended resource in
+/// its status): one of the 8 devices its ResourceSlice publishes is tainted by the driver, so
+/// it is judged degraded like a device-plugin node with 7 of 8 allocatable, and tainted.
+#[tokio::test]
+async fn a_node_whose_dra_driver_taints_a_gpu_is_tainted() {
+    let devices: Vec<Value> = (0..8)
+        .map(|index| {
+            let mut device = json!({"name": format!("gpu-{index}")});
+            if index == 3 {
+                device["taints"] = json!([{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79",
+                                           "effect": "NoExecute"}]);
+            }
+            device
+        })
+        .collect();
+    let mut world = World::start(
+        policy(|_| {}),
+        vec![
+            (
+                NODES,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-1"},
+                       "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}}),
+            ),
+            (
+                RESOURCE_SLICES,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                       "metadata": {"name": "dra-1-gpu.nvidia.com-x7k2p"},
+                       "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-1",
+                                "pool": {"name": "dra-1", "generation": 1,
+                                         "resourceSliceCount": 1},
+                                "devices": devices}}),
+            ),
+        ],
+    )
+    .await;
+    let report = world.pass(0).await;
+    assert_eq!(report, PassReport::default());
+    assert_eq!(world.metrics.gpu_nodes.get(), 1);
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["dra-1"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(
+        writes[0].body["spec"]["taints"][0],
+        json!({"key": DEGRADED_TAINT_KEY, "value": "dra_gpu.nvidia.com", "effect": "NoSchedule"})
     );
 }

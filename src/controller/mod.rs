@@ -39,18 +39,24 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// - pods/status patch: add the `gpu-guard.io/DeviceFailure` condition;
 /// - pods/eviction create: evict hit pods (`controller.pods.evictPods`);
 /// - namespaces get/list/watch: which namespaces opted in (label `gpu-guard.io/enabled`);
+/// - resourceslices (`resource.k8s.io`) get/list/watch: the DRA devices of each node;
 /// - events (`events.k8s.io`) create/patch: kube's event recorder creates `events.k8s.io/v1`
 ///   Events, and patches one that repeats within minutes (an event series);
 /// - leases get/create/update: leader election (a Role in the controller's namespace would
 ///   do; a ClusterRole rule keeps the installation to one role).
 ///
 /// `tests/controller.rs` checks that every call the controller makes is allowed by these.
-pub const RBAC_RULES: [(&str, &str, &[&str]); 7] = [
+pub const RBAC_RULES: [(&str, &str, &[&str]); 8] = [
     ("", "nodes", &["get", "list", "watch", "patch"]),
     ("", "pods", &["get", "list", "watch"]),
     ("", "pods/status", &["patch"]),
     ("", "pods/eviction", &["create"]),
     ("", "namespaces", &["get", "list", "watch"]),
+    (
+        "resource.k8s.io",
+        "resourceslices",
+        &["get", "list", "watch"],
+    ),
     ("events.k8s.io", "events", &["create", "patch"]),
     (
         "coordination.k8s.io",

@@ -39,6 +39,10 @@ pub struct DeviceResources {
     pub classes: Vec<String>,
     /// DeviceClass name prefixes.
     pub class_prefixes: Vec<String>,
+    /// DRA drivers whose devices are GPUs: the node health controller counts the devices their
+    /// ResourceSlices publish for a node (and those tainted unusable), beside the extended
+    /// resources of its status.
+    pub drivers: Vec<String>,
 }
 
 impl Default for DeviceResources {
@@ -50,6 +54,7 @@ impl Default for DeviceResources {
                 .map(String::from)
                 .to_vec(),
             class_prefixes: Vec::new(),
+            drivers: ["gpu.nvidia.com", "gpu.amd.com"].map(String::from).to_vec(),
         }
     }
 }

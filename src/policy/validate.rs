@@ -100,6 +100,20 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
         }
     }
 
+    for (index, driver) in policy.devices.drivers.iter().enumerate() {
+        let errors = dns_subdomain_errors(driver);
+        if !errors.is_empty() {
+            report(
+                devices.child("drivers").index(index),
+                format!(
+                    "{driver:?} is not a DRA driver name (a DNS subdomain such as \
+                     gpu.nvidia.com){}",
+                    suffix(&errors)
+                ),
+            );
+        }
+    }
+
     let settings = &policy.mutation.pod_failure_policy;
     let pfp = FieldPath::new(["mutation", "podFailurePolicy"]);
     for (index, rule) in settings.pod_condition_rules.iter().enumerate() {

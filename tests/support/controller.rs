@@ -172,7 +172,7 @@ impl World {
             "the caches reported synced {:?} after they started",
             waiting.elapsed()
         );
-        eventually("three watches open", || fake.open_watches_total() == 3).await;
+        eventually("four watches open", || fake.open_watches_total() == 4).await;
         let metrics = Arc::new(ControllerMetrics::default());
         let reconciler = Reconciler::new(
             fake.config(),

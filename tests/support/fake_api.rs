@@ -36,9 +36,10 @@ pub const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/gpu-guard/leas
 pub const CLAIM_TEMPLATES: &str = "/apis/resource.k8s.io/v1/resourceclaimtemplates";
 pub const CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 pub const DEVICE_CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
+pub const RESOURCE_SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
 /// The collections served: path, kind, apiVersion.
-const COLLECTIONS: [(&str, &str, &str); 7] = [
+const COLLECTIONS: [(&str, &str, &str); 8] = [
     (NODES, "Node", "v1"),
     (PODS, "Pod", "v1"),
     (NAMESPACES, "Namespace", "v1"),
@@ -50,6 +51,7 @@ const COLLECTIONS: [(&str, &str, &str); 7] = [
     ),
     (CLAIMS, "ResourceClaim", "resource.k8s.io/v1"),
     (DEVICE_CLASSES, "DeviceClass", "resource.k8s.io/v1"),
+    (RESOURCE_SLICES, "ResourceSlice", "resource.k8s.io/v1"),
 ];
 
 // === the log ===

@@ -4,9 +4,11 @@
 //! A node is judged per device resource (`policy.devices`): unusable devices are
 //! `status.capacity - status.allocatable` (the device plugin takes an unhealthy device out of
 //! allocatable). A node missing either field for a resource, or with a quantity that is not a
-//! whole number, is not judged for it.
+//! whole number, is not judged for it. DRA devices count too, per driver: those its
+//! ResourceSlices publish, unusable when tainted ([`dra_device_counts`]).
 
 use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
@@ -109,7 +111,20 @@ pub fn node_verdict(
     now: Timestamp,
     history: &NodeHistory,
 ) -> NodeVerdict {
-    let devices = device_counts(node, policy);
+    node_verdict_with(node, Vec::new(), policy, now, history)
+}
+
+/// [`node_verdict`] for a node whose DRA devices are `dra` ([`dra_device_counts`]), judged
+/// like its extended resources.
+pub fn node_verdict_with(
+    node: &Node,
+    dra: Vec<DeviceCount>,
+    policy: &Policy,
+    now: Timestamp,
+    history: &NodeHistory,
+) -> NodeVerdict {
+    let mut devices = device_counts(node, policy);
+    devices.extend(dra);
     let degraded: Vec<DeviceCount> = devices
         .iter()
         .filter(|device| threshold_reached(device, policy))
@@ -214,6 +229,65 @@ pub fn device_counts(node: &Node, policy: &Policy) -> Vec<DeviceCount> {
             })
         })
         .collect()
+}
+
+/// The DRA devices of node `node`, per driver listed in `policy.devices.drivers`: every device
+/// the node's ResourceSlices publish (`spec.nodeName`), and as unusable those with a device
+/// taint of effect `NoSchedule` or `NoExecute` (a driver taints a device it finds unhealthy;
+/// `resource.k8s.io/v1` `Device.taints`, Kubernetes v1.36 `staging/src/k8s.io/api/resource/
+/// v1/types.go`). Only the newest generation of each pool counts: while a driver republishes
+/// a pool, slices of the older generation are stale (`ResourcePool.generation`). The resource
+/// is named `dra/<driver>` (its taint value `dra_<driver>`, a valid label value).
+pub fn dra_device_counts<'a>(
+    node: &str,
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    policy: &Policy,
+) -> Vec<DeviceCount> {
+    let drivers = &policy.devices.drivers;
+    let slices: Vec<&ResourceSlice> = slices
+        .into_iter()
+        .filter(|slice| slice.spec.node_name.as_deref() == Some(node))
+        .filter(|slice| drivers.contains(&slice.spec.driver))
+        .collect();
+    let mut newest: std::collections::BTreeMap<(&str, &str), i64> = Default::default();
+    for slice in &slices {
+        let pool = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
+        let generation = newest.entry(pool).or_insert(slice.spec.pool.generation);
+        *generation = (*generation).max(slice.spec.pool.generation);
+    }
+    let mut counts: Vec<DeviceCount> = Vec::new();
+    for slice in slices {
+        let pool = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
+        if newest.get(&pool) != Some(&slice.spec.pool.generation) {
+            continue;
+        }
+        let resource = format!("dra/{}", slice.spec.driver);
+        let index = match counts.iter().position(|count| count.resource == resource) {
+            Some(index) => index,
+            None => {
+                counts.push(DeviceCount {
+                    resource,
+                    capacity: 0,
+                    allocatable: 0,
+                });
+                counts.len() - 1
+            }
+        };
+        for device in slice.spec.devices.iter().flatten() {
+            let unusable = device
+                .taints
+                .iter()
+                .flatten()
+                .any(|taint| matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute"));
+            counts[index].capacity += 1;
+            if !unusable {
+                counts[index].allocatable += 1;
+            }
+        }
+    }
+    counts.retain(|count| count.capacity > 0);
+    counts.sort_by(|a, b| a.resource.cmp(&b.resource));
+    counts
 }
 
 /// A device count: a whole number, optionally with a decimal suffix (`8`, `1k`). Anything else

@@ -617,3 +617,108 @@ fn time_arithmetic_never_overflows() {
     policy.controller.node_health.max_tainted_percent = 100;
     assert_eq!(taint_limit(usize::MAX, &policy), usize::MAX);
 }
+
+/// A ResourceSlice of `driver` for `node`, in pool `pool` at `generation`, with devices
+/// `gpu-0..` of which those listed in `tainted` carry a taint of that effect (the shape of the
+/// NVIDIA DRA driver's slices: one pool per node, named after it).
+fn slice(
+    node: &str,
+    driver: &str,
+    generation: i64,
+    devices: usize,
+    tainted: &[(usize, &str)],
+) -> ResourceSlice {
+    let devices: Vec<serde_json::Value> = (0..devices)
+        .map(|index| {
+            let mut device = json!({"name": format!("gpu-{index}"),
+                "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}}});
+            if let Some((_, effect)) = tainted.iter().find(|(at, _)| *at == index) {
+                device["taints"] =
+                    json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": effect}]);
+            }
+            device
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-{driver}-{generation}")},
+        "spec": {"driver": driver, "nodeName": node,
+                 "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                 "devices": devices}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn dra_devices_count_per_driver_with_tainted_ones_unusable() {
+    let policy = Policy::embedded();
+    let count = |resource: &str, capacity, allocatable| DeviceCount {
+        resource: resource.to_owned(),
+        capacity,
+        allocatable,
+    };
+    let cases: Vec<(&str, Vec<ResourceSlice>, Vec<DeviceCount>)> = vec![
+        ("no slices", vec![], vec![]),
+        (
+            "8 GPUs, one tainted NoExecute, one NoSchedule, one only PreferNoSchedule",
+            vec![slice(
+                "n1",
+                "gpu.nvidia.com",
+                1,
+                8,
+                &[(0, "NoExecute"), (1, "NoSchedule"), (2, "PreferNoSchedule")],
+            )],
+            vec![count("dra/gpu.nvidia.com", 8, 6)],
+        ),
+        (
+            "a stale generation of the pool does not count",
+            vec![
+                slice("n1", "gpu.nvidia.com", 1, 8, &[(0, "NoExecute")]),
+                slice("n1", "gpu.nvidia.com", 2, 7, &[]),
+            ],
+            vec![count("dra/gpu.nvidia.com", 7, 7)],
+        ),
+        (
+            "another node's slices and unlisted drivers do not count",
+            vec![
+                slice("n2", "gpu.nvidia.com", 1, 8, &[(0, "NoExecute")]),
+                slice("n1", "nic.example.com", 1, 2, &[(0, "NoExecute")]),
+                slice("n1", "gpu.amd.com", 1, 4, &[(3, "NoSchedule")]),
+            ],
+            vec![count("dra/gpu.amd.com", 4, 3)],
+        ),
+    ];
+    for (case, slices, expected) in cases {
+        assert_eq!(
+            dra_device_counts("n1", &slices, &policy),
+            expected,
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn a_node_whose_dra_gpus_are_tainted_is_judged_like_a_device_plugin_node() {
+    let mut policy = Policy::embedded();
+    policy.controller.node_health.unusable_devices.count = Some(1);
+    policy.controller.node_health.unusable_devices.percent = None;
+    let cpu_node = node(None, None);
+    let slices = [slice("n1", "gpu.nvidia.com", 1, 8, &[(5, "NoExecute")])];
+    let dra = dra_device_counts("n1", &slices, &policy);
+    let verdict = node_verdict_with(&cpu_node, dra, &policy, at(0), &NodeHistory::default());
+    assert!(verdict.is_gpu_node());
+    assert_eq!(
+        verdict.degraded,
+        [DeviceCount {
+            resource: "dra/gpu.nvidia.com".to_owned(),
+            capacity: 8,
+            allocatable: 7,
+        }]
+    );
+    assert!(matches!(verdict.decision, TaintDecision::Degrading { .. }));
+    // The taint's value is a valid label value.
+    assert_eq!(taint_value("dra/gpu.nvidia.com"), "dra_gpu.nvidia.com");
+    // Without DRA devices the same node is not a GPU node.
+    let plain = node_verdict(&cpu_node, &policy, at(0), &NodeHistory::default());
+    assert_eq!(plain.decision, TaintDecision::NotJudged);
+}

@@ -1,5 +1,5 @@
-//! The controller's caches: Nodes, Pods bound to a node and not finished, and opted-in
-//! Namespaces, each a reflector started with the shared `crate::cluster::reflector` helper and
+//! The controller's caches: Nodes, Pods bound to a node and not finished, opted-in
+//! Namespaces, and DRA ResourceSlices, each a reflector started with the shared `crate::cluster::reflector` helper and
 //! slimmed to what the node and pod decisions read.
 
 use std::sync::Arc;
@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Namespace, Node, NodeSpec, NodeStatus, Pod};
 use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -26,15 +27,22 @@ pub struct Caches {
     pub nodes: Store<Node>,
     pub pods: Store<Pod>,
     pub namespaces: Store<Namespace>,
+    /// DRA ResourceSlices bound to a node (`resource.k8s.io/v1`; empty where not served).
+    pub slices: Store<ResourceSlice>,
     /// Notified on every watch event, so a pass can follow a change at once.
     pub changed: Arc<Notify>,
     /// The reflectors behind the stores, for their readiness.
-    reflected: (Reflected<Node>, Reflected<Pod>, Reflected<Namespace>),
+    reflected: (
+        Reflected<Node>,
+        Reflected<Pod>,
+        Reflected<Namespace>,
+        Reflected<ResourceSlice>,
+    ),
     tasks: Vec<AbortHandle>,
 }
 
 impl Caches {
-    /// Starts the three reflectors on the current Tokio runtime.
+    /// Starts the four reflectors on the current Tokio runtime.
     pub fn start(client: &Client) -> Caches {
         let changed = Arc::new(Notify::new());
         let mut tasks = Vec::new();
@@ -64,24 +72,43 @@ impl Caches {
             &changed,
             &mut tasks,
         );
+        // DRA devices, for node health. Optional: a cluster that does not serve
+        // resource.k8s.io/v1 answers 404 and the cache counts as synced, empty.
+        let slices = Reflected::start(
+            Watch {
+                cache: "controller cache",
+                resource: "resourceslices",
+                api: Api::<ResourceSlice>::all(client.clone()),
+                config: watcher::Config::default(),
+                slim: slim_slice,
+                changed: Some(changed.clone()),
+                optional: true,
+            },
+            &mut tasks,
+        );
         Caches {
             nodes: nodes.store().clone(),
             pods: pods.store().clone(),
             namespaces: namespaces.store().clone(),
+            slices: slices.store().clone(),
             changed,
-            reflected: (nodes, pods, namespaces),
+            reflected: (nodes, pods, namespaces, slices),
             tasks,
         }
     }
 
-    /// Waits until the three caches have listed, at most `timeout`.
+    /// Waits until the four caches have listed (the ResourceSlices: or are not served), at most
+    /// `timeout`.
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
         // Not `Store::wait_until_ready`: kube's store wakes only the last of several tasks
         // waiting on it, and the reflector's own readiness task waits on it already (a second
         // waiter here slept until its timeout).
-        let (nodes, pods, namespaces) = &self.reflected;
+        let (nodes, pods, namespaces, slices) = &self.reflected;
         let all = async {
-            nodes.wait_synced().await && pods.wait_synced().await && namespaces.wait_synced().await
+            nodes.wait_synced().await
+                && pods.wait_synced().await
+                && namespaces.wait_synced().await
+                && slices.wait_synced().await
         };
         tokio::time::timeout(timeout, all).await.unwrap_or(false)
     }
@@ -123,6 +150,38 @@ where
         optional: false,
     };
     Reflected::start(watch, tasks)
+}
+
+/// Keeps what node health reads of a ResourceSlice: driver, node, pool name and generation,
+/// and each device's name and taints.
+fn slim_slice(slice: &mut ResourceSlice) {
+    let full = std::mem::take(slice);
+    *slice = ResourceSlice {
+        metadata: ObjectMeta {
+            name: full.metadata.name,
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: full.spec.driver,
+            node_name: full.spec.node_name,
+            pool: ResourcePool {
+                name: full.spec.pool.name,
+                generation: full.spec.pool.generation,
+                resource_slice_count: full.spec.pool.resource_slice_count,
+            },
+            devices: full.spec.devices.map(|devices| {
+                devices
+                    .into_iter()
+                    .map(|device| Device {
+                        name: device.name,
+                        taints: device.taints,
+                        ..Device::default()
+                    })
+                    .collect()
+            }),
+            ..ResourceSliceSpec::default()
+        },
+    };
 }
 
 /// Keeps what node decisions read and node patches need: name, uid, resourceVersion (the

@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -16,7 +17,7 @@ use serde_json::Value;
 use super::events::{REASON_DEGRADED, REASON_RECOVERED, REASON_SAFETY_VALVE, node_ref};
 use super::{Caches, PassReport, Reconciler, Stop, Write, WriteError};
 use crate::controller::node::{
-    self, NodeHistory, NodeVerdict, Ownership, TaintDecision, node_verdict, ownership,
+    self, NodeHistory, NodeVerdict, Ownership, TaintDecision, node_verdict_with, ownership,
 };
 use crate::controller::pod::NodeState;
 use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
@@ -38,12 +39,29 @@ impl Reconciler {
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
         let mut verdicts: Vec<(Arc<Node>, NodeVerdict)> = Vec::with_capacity(nodes.len());
+        // The ResourceSlices of each node, read once per pass.
+        let slices = caches.slices.state();
+        let mut slices_by_node: HashMap<&str, Vec<&ResourceSlice>> = HashMap::new();
+        for slice in &slices {
+            if let Some(node) = slice.spec.node_name.as_deref() {
+                slices_by_node.entry(node).or_default().push(slice.as_ref());
+            }
+        }
         for node in nodes {
             let Some(name) = node.metadata.name.clone() else {
                 continue;
             };
             let history = self.histories.get(&name).cloned().unwrap_or_default();
-            let verdict = node_verdict(&node, &self.policy, now, &history);
+            let dra = node::dra_device_counts(
+                &name,
+                slices_by_node
+                    .get(name.as_str())
+                    .into_iter()
+                    .flatten()
+                    .copied(),
+                &self.policy,
+            );
+            let verdict = node_verdict_with(&node, dra, &self.policy, now, &history);
             verdicts.push((node, verdict));
         }
         let present: HashSet<String> = verdicts

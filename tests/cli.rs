@@ -686,6 +686,7 @@ fn policy_check_accepts_valid_files() {
         manifest_dir().join("policies/default.yaml"),
         manifest_dir().join("policies/strict.yaml"),
         manifest_dir().join("policies/audit-only.yaml"),
+        manifest_dir().join("policies/in-place-restart.yaml"),
     ] {
         let out = run(gpu_guard().args(["policy", "check"]).arg(&path)).expect_code(0);
         assert!(out.stdout.contains("valid"), "{}", out.stdout);
@@ -711,20 +712,30 @@ fn policy_check_refuses_a_broken_file_with_file_line_and_field() {
     );
     assert_eq!(out.stdout, "");
 
-    let path = fixture("policy-bad-exit-code.yaml");
-    let out = run(gpu_guard().args(["policy", "check"]).arg(&path)).expect_code(1);
-    let place = format!("{}:7:", path.display());
-    assert!(
-        out.stderr.contains(&place),
-        "expected {place} in\n{}",
-        out.stderr
-    );
-    assert!(
-        out.stderr
-            .contains("mutation.podFailurePolicy.exitCodeRules[0].codes[1]"),
-        "{}",
-        out.stderr
-    );
+    // A semantic error (exit code 0), and restart-rule codes that overlap the device codes:
+    // each refused at the line and column of the offending value, with its field.
+    for (file, line, field) in [
+        (
+            "policy-bad-exit-code.yaml",
+            "7:21:",
+            "mutation.podFailurePolicy.exitCodeRules[0].codes[1]",
+        ),
+        (
+            "policy-restart-overlap.yaml",
+            "7:21:",
+            "mutation.restartRules.exitCodes[1]: exit code 75 is in \
+             mutation.podFailurePolicy.exitCodeRules[0]",
+        ),
+    ] {
+        let path = fixture(file);
+        let out = run(gpu_guard().args(["policy", "check"]).arg(&path)).expect_code(1);
+        let place = format!("{}:{line} {field}", path.display());
+        assert!(
+            out.stderr.contains(&place),
+            "expected {place} in\n{}",
+            out.stderr
+        );
+    }
 
     let missing = run(gpu_guard().args(["policy", "check", "no-such-policy.yaml"])).expect_code(1);
     assert!(
@@ -732,6 +743,104 @@ fn policy_check_refuses_a_broken_file_with_file_line_and_field() {
         "{}",
         missing.stderr
     );
+}
+
+#[test]
+fn in_place_restart_rules_go_into_the_device_containers_of_every_document() {
+    let path = fixture("in-place-restart.yaml");
+    let profile = manifest_dir().join("policies/in-place-restart.yaml");
+    let mutate = |input: &Path| {
+        run(gpu_guard()
+            .arg("--policy")
+            .arg(&profile)
+            .arg("mutate")
+            .arg("-f")
+            .arg(input))
+        .expect_code(0)
+    };
+    let out = mutate(&path);
+    let outputs = yaml_documents(&out.stdout);
+    let names: Vec<&str> = outputs.iter().map(name_of).collect();
+    assert_eq!(
+        names,
+        [
+            "train-gpu",
+            "train-own-rules",
+            "nightly-train",
+            "preprocess-cpu"
+        ]
+    );
+    let restart_70_140 =
+        json!({"action": "Restart", "exitCodes": {"operator": "In", "values": [70, 140]}});
+
+    // The GPU container gets an explicit restartPolicy and the rule; the CPU container nothing.
+    let containers = &outputs[0]["spec"]["template"]["spec"]["containers"];
+    assert_eq!(containers[0]["restartPolicy"], "Never");
+    assert_eq!(containers[0]["restartPolicyRules"], json!([restart_70_140]));
+    assert!(
+        containers[1].get("restartPolicy").is_none(),
+        "{containers:#}"
+    );
+    assert!(containers[1].get("restartPolicyRules").is_none());
+    // The device rules of the podFailurePolicy are still there, and disjoint from 70 and 140.
+    assert_device_job_spec(&outputs[0]["spec"], &["main"]);
+
+    // A container's own rule stays first and keeps 70; gpu-guard's rule adds only 140.
+    let trainer = &outputs[1]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        trainer["restartPolicyRules"],
+        json!([
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [3, 70]}},
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [140]}},
+        ])
+    );
+
+    let template = &outputs[2]["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    assert_eq!(
+        template["containers"][0]["restartPolicyRules"],
+        json!([restart_70_140])
+    );
+    assert!(
+        mutated_annotation(&outputs[2]["spec"]["jobTemplate"]["metadata"])
+            .is_some_and(|summary| summary.contains("container main restart rule")),
+        "{:#}",
+        outputs[2]
+    );
+    assert!(
+        outputs[3]["spec"]["template"]["spec"]["containers"][0]
+            .get("restartPolicyRules")
+            .is_none()
+    );
+
+    for output in &outputs[..2] {
+        let job: Job = serde_json::from_value(output.clone()).expect("a Job");
+        assert_eq!(check_job(&job), Vec::new(), "{output:#}");
+    }
+
+    // A second run on the output changes nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let again = dir.path().join("mutated.yaml");
+    std::fs::write(&again, &out.stdout).unwrap();
+    assert_eq!(yaml_documents(&mutate(&again).stdout), outputs);
+
+    // Without the profile (the default policy), no restart rules at all.
+    let default = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    for output in yaml_documents(&default.stdout) {
+        let pod = output
+            .pointer("/spec/template/spec")
+            .or_else(|| output.pointer("/spec/jobTemplate/spec/template/spec"))
+            .expect("a pod template");
+        for container in pod["containers"].as_array().unwrap() {
+            assert!(
+                container
+                    .get("restartPolicyRules")
+                    .map(|r| r.as_array().unwrap().len())
+                    <= Some(1),
+                "{output:#}"
+            );
+            assert!(!container.to_string().contains("140"), "{output:#}");
+        }
+    }
 }
 
 #[test]

@@ -4,9 +4,11 @@
 //! (some native sidecars) that request or limit GPUs, MIG slices or only CPU; an optional
 //! podFailurePolicy of their own (up to 19 rules); node tolerations; grace period, restart and
 //! replacement policies; Indexed Jobs with `backoffLimitPerIndex`; and the skip/inject
-//! annotations and labels. Each case runs under one of three policies: the embedded default
-//! (Merge), a strict variant (Replace, OnFailure converted to Never, FailJob on 126/127), and a
-//! Keep variant that also sets `activeDeadlineSeconds`.
+//! annotations and labels; regular containers with a `restartPolicy` and restart rules of their
+//! own (`In`/`NotIn`, sometimes at the 20-rule limit). Each case runs under one of four
+//! policies: the embedded default (Merge), a strict variant (Replace, OnFailure converted to
+//! Never, FailJob on 126/127), a Keep variant that also sets `activeDeadlineSeconds`, and the
+//! shipped in-place restart profile (restart rules for 70 and 140).
 //!
 //! `generated_jobs_exercise_every_kind_of_change` checks that the generators are not trivial:
 //! most device Jobs get changed, and every kind of change and fallback shows up.
@@ -70,11 +72,21 @@ static KEEP_WITH_DEADLINE: LazyLock<Policy> = LazyLock::new(|| {
     policy
 });
 
+/// The shipped profile `policies/in-place-restart.yaml`: the default plus restart rules.
+static IN_PLACE_RESTART: LazyLock<Policy> = LazyLock::new(|| {
+    gpu_guard::policy::parse(
+        include_str!("../policies/in-place-restart.yaml"),
+        "policies/in-place-restart.yaml",
+    )
+    .expect("the shipped profile is valid")
+});
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PolicyKind {
     Embedded,
     StrictReplace,
     KeepWithDeadline,
+    InPlaceRestart,
 }
 
 impl PolicyKind {
@@ -83,6 +95,7 @@ impl PolicyKind {
             Self::Embedded => &EMBEDDED,
             Self::StrictReplace => &STRICT_REPLACE,
             Self::KeepWithDeadline => &KEEP_WITH_DEADLINE,
+            Self::InPlaceRestart => &IN_PLACE_RESTART,
         }
     }
 }
@@ -92,6 +105,7 @@ fn policy_kind() -> impl Strategy<Value = PolicyKind> {
         2 => Just(PolicyKind::Embedded),
         2 => Just(PolicyKind::StrictReplace),
         1 => Just(PolicyKind::KeepWithDeadline),
+        2 => Just(PolicyKind::InPlaceRestart),
     ]
 }
 
@@ -165,7 +179,7 @@ struct RuleGen {
 fn exit_code() -> impl Strategy<Value = i32> {
     prop_oneof![
         // The codes the policies care about, and the ones they must never touch.
-        3 => prop::sample::select(&[1, 74, 75, 126, 127, 137, 138, 143][..]),
+        3 => prop::sample::select(&[1, 70, 74, 75, 126, 127, 137, 138, 140, 143][..]),
         2 => 0..=255i32,
     ]
 }
@@ -203,6 +217,41 @@ fn own_rules() -> impl Strategy<Value = Vec<RuleGen>> {
         1 => prop::collection::vec(rule(), 6..=14),
         1 => prop::collection::vec(rule(), 15..=19),
     ]
+}
+
+/// A regular container's own restart settings: its `restartPolicy` and restart rules
+/// (`(NotIn, values)`; a rule without a policy is an invalid input, only made when lax).
+#[derive(Clone, Debug)]
+struct ContainerRestart {
+    policy: Option<&'static str>,
+    rules: Vec<(bool, BTreeSet<i32>)>,
+}
+
+fn container_restart() -> impl Strategy<Value = ContainerRestart> {
+    let rule = || {
+        (
+            prop::bool::weighted(0.2),
+            prop::collection::btree_set(exit_code(), 1..=3),
+        )
+    };
+    (
+        prop::sample::select(
+            &[
+                None,
+                None,
+                None,
+                Some("Never"),
+                Some("Never"),
+                Some("OnFailure"),
+            ][..],
+        ),
+        prop_oneof![
+            6 => Just(Vec::new()),
+            3 => prop::collection::vec(rule(), 1..=3),
+            1 => prop::collection::vec(rule(), 19..=20),
+        ],
+    )
+        .prop_map(|(policy, rules)| ContainerRestart { policy, rules })
 }
 
 /// Tolerations users write (the apiserver only allows tolerationSeconds with NoExecute).
@@ -274,7 +323,7 @@ fn toleration() -> impl Strategy<Value = Tol> {
 #[derive(Clone, Debug)]
 struct JobGen {
     names: Vec<&'static str>,
-    containers: Vec<Usage>,
+    containers: Vec<(Usage, ContainerRestart)>,
     /// (native sidecar, usage)
     init_containers: Vec<(bool, Usage)>,
     rules: Option<Vec<RuleGen>>,
@@ -307,7 +356,31 @@ impl JobGen {
             .containers
             .iter()
             .zip(names)
-            .map(|(&usage, name)| container(name, usage))
+            .map(|((usage, restart), name)| {
+                let mut value = container(name, *usage);
+                // Rules need an explicit restartPolicy: without one they only go into lax Jobs.
+                let policy = match restart.policy {
+                    None if !restart.rules.is_empty() && !self.lax => Some("Never"),
+                    policy => policy,
+                };
+                if let Some(policy) = policy {
+                    value["restartPolicy"] = json!(policy);
+                }
+                if !restart.rules.is_empty() {
+                    let rules: Vec<Value> = restart
+                        .rules
+                        .iter()
+                        .map(|(not_in, values)| {
+                            json!({"action": "Restart", "exitCodes": {
+                                "operator": if *not_in { "NotIn" } else { "In" },
+                                "values": values,
+                            }})
+                        })
+                        .collect();
+                    value["restartPolicyRules"] = json!(rules);
+                }
+                value
+            })
             .collect();
         let init_containers: Vec<Value> = self
             .init_containers
@@ -443,7 +516,7 @@ impl fmt::Debug for Input {
 fn job_gen() -> impl Strategy<Value = JobGen> {
     let shape = (
         Just(NAMES.to_vec()).prop_shuffle(),
-        prop::collection::vec(usage(), 1..=4),
+        prop::collection::vec((usage(), container_restart()), 1..=4),
         prop::collection::vec((prop::bool::weighted(0.4), usage()), 0..=3),
         prop::option::weighted(0.4, own_rules()),
         prop::collection::vec(toleration(), 0..=4),
@@ -571,8 +644,26 @@ fn without_owned_paths(job: &Job, annotations_were_absent: bool) -> Value {
         ] {
             pod.remove(key);
         }
+        for container in pod
+            .get_mut("containers")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object_mut)
+        {
+            container.remove("restartPolicy");
+            container.remove("restartPolicyRules");
+        }
     }
     value
+}
+
+fn containers(job: &Job) -> &[k8s_openapi::api::core::v1::Container] {
+    job.spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .map(|pod| pod.containers.as_slice())
+        .unwrap_or_default()
 }
 
 /// A field that a client may send as explicit `null` and that decodes to the same typed Job.
@@ -598,7 +689,7 @@ impl Nullable {
     }
 }
 
-const NULLABLE: [Nullable; 9] = [
+const NULLABLE: [Nullable; 11] = [
     Nullable::absent("/metadata", "annotations"),
     Nullable::absent("/metadata", "labels"),
     Nullable::absent("/spec", "podFailurePolicy"),
@@ -607,6 +698,8 @@ const NULLABLE: [Nullable; 9] = [
     Nullable::absent("/spec/template/spec", "tolerations"),
     Nullable::absent("/spec/template/spec", "terminationGracePeriodSeconds"),
     Nullable::absent("/spec/template/spec", "initContainers"),
+    Nullable::absent("/spec/template/spec/containers/0", "restartPolicy"),
+    Nullable::absent("/spec/template/spec/containers/0", "restartPolicyRules"),
     // An empty rule list decodes the same as `rules: null`.
     Nullable {
         parent: "/spec/podFailurePolicy",
@@ -752,6 +845,18 @@ proptest! {
             );
         }
 
+        // A container's restartPolicy is only added (Never), its own rules stay first.
+        for (before, after) in containers(&input.0).iter().zip(containers(&outcome.job)) {
+            prop_assert!(
+                after.restart_policy == before.restart_policy
+                    || (before.restart_policy.is_none()
+                        && after.restart_policy.as_deref() == Some("Never"))
+            );
+            let own = before.restart_policy_rules.as_deref().unwrap_or_default();
+            let now = after.restart_policy_rules.as_deref().unwrap_or_default();
+            prop_assert!(now.starts_with(own), "{own:?} -> {now:?}");
+        }
+
         // The other owned paths only move the way the policy says.
         let spec_in = input.0.spec.as_ref().unwrap();
         let spec_out = outcome.job.spec.as_ref().unwrap();
@@ -779,6 +884,64 @@ proptest! {
                 prop_assert_eq!(Some(own), merged.as_ref());
             }
             _ => {}
+        }
+    }
+
+    /// 3b. The restart rules gpu-guard adds go only into regular device containers, hold only
+    /// the policy's codes with its action and operator `In`, and never a code that a
+    /// podFailurePolicy `In` rule names for that container: the device rules still fire.
+    #[test]
+    fn restart_rules_are_disjoint_from_the_failure_policy_and_only_in_device_containers(
+        input in job(),
+        kind in policy_kind(),
+    ) {
+        let policy = kind.policy();
+        let outcome = mutate_job(&input.0, policy);
+        let settings = &policy.mutation.restart_rules;
+        let says_inject = |map: Option<&BTreeMap<String, String>>| {
+            map.and_then(|m| m.get("gpu-guard.io/inject")).is_some_and(|v| v == "true")
+        };
+        let opted_in = says_inject(input.0.metadata.labels.as_ref())
+            || says_inject(input.0.metadata.annotations.as_ref());
+        let pod = input.0.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let targets = gpu_guard::mutate::device_containers(
+            pod,
+            &policy.devices,
+            opted_in,
+            "",
+            &gpu_guard::policy::NoDraFacts,
+        )
+        .targets;
+        let failure_rules = outcome
+            .job
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.pod_failure_policy.as_ref())
+            .map(|p| p.rules.clone())
+            .unwrap_or_default();
+        for (before, after) in containers(&input.0).iter().zip(containers(&outcome.job)) {
+            let own = before.restart_policy_rules.as_deref().unwrap_or_default().len();
+            let added = &after.restart_policy_rules.as_deref().unwrap_or_default()[own..];
+            if added.is_empty() {
+                continue;
+            }
+            prop_assert!(settings.enabled);
+            prop_assert!(targets.contains(&after.name), "{} is no device container", after.name);
+            prop_assert_eq!(added.len(), 1);
+            let codes = added[0].exit_codes.as_ref().unwrap();
+            prop_assert_eq!(added[0].action.as_str(), settings.action.as_str());
+            prop_assert_eq!(codes.operator.as_str(), "In");
+            let named: BTreeSet<i32> = failure_rules
+                .iter()
+                .filter_map(|rule| rule.on_exit_codes.as_ref())
+                .filter(|c| c.operator == "In"
+                    && c.container_name.as_deref().is_none_or(|n| n == after.name))
+                .flat_map(|c| c.values.iter().copied())
+                .collect();
+            for code in codes.values.iter().flatten() {
+                prop_assert!(settings.exit_codes.contains(code), "{code} is not the policy's");
+                prop_assert!(!named.contains(code), "{code} hides a podFailurePolicy rule");
+            }
         }
     }
 
@@ -1055,7 +1218,12 @@ fn generated_jobs_exercise_every_kind_of_change() {
     for reason in ["skip-annotation", "not-a-device-workload"] {
         assert!(skipped.get(reason).is_some_and(|&n| n >= 10), "{report}");
     }
-    for kind in ["Embedded", "StrictReplace", "KeepWithDeadline"] {
+    for kind in [
+        "Embedded",
+        "StrictReplace",
+        "KeepWithDeadline",
+        "InPlaceRestart",
+    ] {
         assert!(by_policy.get(kind).is_some_and(|&n| n >= 50), "{report}");
     }
     for name in [
@@ -1068,6 +1236,8 @@ fn generated_jobs_exercise_every_kind_of_change() {
         "SetTolerationSeconds",
         "AddToleration",
         "SetActiveDeadlineSeconds",
+        "SetContainerRestartPolicy",
+        "AddContainerRestartRule",
     ] {
         assert!(
             variants.get(name).is_some_and(|&n| n >= 5),

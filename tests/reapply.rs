@@ -19,9 +19,12 @@ mod reviews;
 use reviews::{JOB, JOBSET, review_of};
 
 fn mutate(body: &Value) -> Reviewed {
-    let policy = Policy::embedded();
+    mutate_with(body, &Policy::embedded())
+}
+
+fn mutate_with(body: &Value, policy: &Policy) -> Reviewed {
     let view = StaticView::from_policy(&policy.guard.offline);
-    review(Webhook::Mutate, body.to_string().as_bytes(), &policy, &view).expect("reviewed")
+    review(Webhook::Mutate, body.to_string().as_bytes(), policy, &view).expect("reviewed")
 }
 
 /// The object as stored after the review: with its patch applied, if any.
@@ -184,4 +187,60 @@ fn a_jobset_reapplied_by_its_manager_keeps_its_gang_rules() {
     update["spec"]["failurePolicy"]["maxRestarts"] = json!(3);
     let changed_budget = mutate(&review_of(JOBSET, &update, Some(&live), "trainer"));
     assert_eq!(changed_budget.patch_bytes, 0);
+}
+
+#[test]
+fn a_container_restart_rule_dropped_by_a_reapply_is_put_back() {
+    // The in-place profile appends its rule to the trainer's own: the manager that applied
+    // the trainer's rules owns that atomic list, and its next apply drops gpu-guard's rule.
+    let policy = gpu_guard::policy::load(std::path::Path::new("policies/in-place-restart.yaml"))
+        .expect("the shipped profile loads");
+    let mut applied = applied_job();
+    let trainer = &mut applied["spec"]["template"]["spec"]["containers"][0];
+    trainer["restartPolicy"] = json!("Never");
+    trainer["restartPolicyRules"] =
+        json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [3]}}]);
+    let created = mutate_with(&review_of(JOB, &applied, None, "alice"), &policy);
+    let live = stored(&applied, &created);
+    let rules = "/spec/template/spec/containers/0/restartPolicyRules";
+    assert_eq!(
+        live.pointer(rules).unwrap(),
+        &json!([
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [3]}},
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [70, 140]}},
+        ])
+    );
+
+    let mut changed = applied.clone();
+    changed["metadata"]["labels"]["team"] = json!("vision-2");
+    let update = reapplied(
+        &live,
+        &changed,
+        &[
+            "/spec/podFailurePolicy/rules",
+            "/spec/template/spec/tolerations",
+            rules,
+        ],
+    );
+    assert_ne!(
+        update.pointer(rules),
+        live.pointer(rules),
+        "the re-apply dropped it"
+    );
+    let reviewed = mutate_with(&review_of(JOB, &update, Some(&live), "alice"), &policy);
+    assert_eq!(reviewed.outcome, ReviewOutcome::Patched);
+    let after = stored(&update, &reviewed);
+    assert_eq!(
+        after["spec"]["template"], live["spec"]["template"],
+        "the template is immutable: as it was"
+    );
+    assert_eq!(after["metadata"]["labels"]["team"], "vision-2");
+
+    // The trainer's own rule changed on purpose: not put back, the API server decides.
+    let mut own_change = changed.clone();
+    own_change["spec"]["template"]["spec"]["containers"][0]["restartPolicyRules"][0]["exitCodes"]
+        ["values"] = json!([4]);
+    let update = reapplied(&live, &own_change, &[rules]);
+    let left = mutate_with(&review_of(JOB, &update, Some(&live), "alice"), &policy);
+    assert_eq!(left.patch_bytes, 0);
 }

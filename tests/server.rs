@@ -19,6 +19,8 @@ use gpu_guard::server::{
 use json_patch::Patch;
 use serde_json::{Value, json};
 
+mod reviews;
+
 fn client(ca_pem: &str) -> reqwest::Client {
     let tls = client_tls(ca_pem);
     reqwest::Client::builder()
@@ -68,7 +70,7 @@ fn offline_view() -> ClusterSource {
 }
 
 async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> RunningServer {
-    server_with(dir, pair, drain, offline_view()).await
+    server_with(dir, pair, drain, offline_view(), Policy::embedded()).await
 }
 
 async fn server_with(
@@ -76,6 +78,7 @@ async fn server_with(
     pair: &GeneratedPair,
     drain: Duration,
     cluster: ClusterSource,
+    policy: Policy,
 ) -> RunningServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     write_pair(dir, pair);
@@ -99,7 +102,7 @@ async fn server_with(
                 shutdown: Duration::from_secs(5),
             },
         },
-        Policy::embedded(),
+        policy,
         cluster,
     )
     .await
@@ -201,6 +204,94 @@ async fn every_fixture_gets_the_engines_answer_over_https() {
         patched, 7,
         "six Job CREATEs (one a dry run) and a CronJob are patched"
     );
+    running.shutdown().await;
+}
+
+/// The patch of a `/mutate` response, decoded.
+fn sent_patch(answer: &Value) -> Patch {
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(answer["patch"].as_str().expect("a patch"))
+        .unwrap();
+    serde_json::from_slice(&sent).unwrap()
+}
+
+#[tokio::test]
+async fn the_in_place_restart_profile_adds_restart_rules_over_https() {
+    let profile = gpu_guard::policy::load(Path::new("policies/in-place-restart.yaml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server_with(
+        dir.path(),
+        &pair,
+        Duration::ZERO,
+        offline_view(),
+        profile.clone(),
+    )
+    .await;
+    let client = client(&pair.ca_pem);
+
+    // The recorded GPU Job CREATE, as is, and with a CPU container in front of the trainer
+    // and a restart rule of the trainer's own (so the rule is appended by index).
+    let plain = reviews::fixture("001-Job-CREATE-mutate.json");
+    let mut own_rules = plain.clone();
+    let containers = own_rules["request"]["object"]["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .unwrap();
+    containers[0]["restartPolicy"] = json!("Never");
+    containers[0]["restartPolicyRules"] =
+        json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [3]}}]);
+    containers.insert(
+        0,
+        json!({"name": "metrics", "image": "registry.example/metrics:1.0",
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent"}),
+    );
+
+    let ours = json!({"action": "Restart", "exitCodes": {"operator": "In", "values": [70, 140]}});
+    for (review, trainer, expected_rules, rule_path) in [
+        (
+            &plain,
+            0,
+            json!([ours]),
+            "/spec/template/spec/containers/0/restartPolicyRules",
+        ),
+        (
+            &own_rules,
+            1,
+            json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [3]}}, ours]),
+            "/spec/template/spec/containers/1/restartPolicyRules/-",
+        ),
+    ] {
+        let body = serde_json::to_vec(review).unwrap();
+        let (status, text) = post(&client, &url(&running, "/mutate"), body).await;
+        assert_eq!(status, 200, "{text}");
+        let response: Value = serde_json::from_str(&text).unwrap();
+        check_response("mutate", review, &response);
+        let answer = &response["response"];
+        assert_eq!(answer["allowed"], true);
+        let sent = sent_patch(answer);
+        let paths: Vec<String> = sent.iter().map(|op| op.path().to_string()).collect();
+        assert!(paths.iter().any(|p| p == rule_path), "{paths:?}");
+
+        let object = &review["request"]["object"];
+        let patched = patch::apply(object, &sent).unwrap();
+        let pod = &patched["spec"]["template"]["spec"];
+        assert_eq!(pod["containers"][trainer]["restartPolicy"], "Never");
+        assert_eq!(
+            pod["containers"][trainer]["restartPolicyRules"],
+            expected_rules
+        );
+        if trainer == 1 {
+            assert!(pod["containers"][0].get("restartPolicyRules").is_none());
+        }
+        // The device rules still name the trainer, for codes the restart rules leave alone.
+        let device = patched["spec"]["podFailurePolicy"]["rules"][2]["onExitCodes"].clone();
+        assert_eq!(device["values"], json!([74, 75, 138]));
+        let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(patched).unwrap();
+        assert_eq!(gpu_guard::rules::job::check_job(&job), Vec::new());
+        let expected = mutate_object(object, &profile).unwrap().unwrap().patch;
+        assert_eq!(sent, expected, "the server sends the engine's patch");
+    }
     running.shutdown().await;
 }
 
@@ -883,6 +974,7 @@ async fn readiness_waits_for_the_cluster_caches_and_lookups_meanwhile_are_500() 
         &pair,
         Duration::ZERO,
         ClusterSource::Cache(cache),
+        Policy::embedded(),
     )
     .await;
     let (status, text) = admin_get(&running, "/readyz").await;

@@ -2,7 +2,7 @@
 //! layer ([`patch`](super::patch)) renders the same variants as JSON Patch operations.
 
 use k8s_openapi::api::batch::v1::{Job, PodFailurePolicy, PodFailurePolicyRule};
-use k8s_openapi::api::core::v1::{PodSpec, Toleration};
+use k8s_openapi::api::core::v1::{ContainerRestartRule, PodSpec, Toleration};
 
 /// One change to a Job (or to a CronJob's `jobTemplate`, which has the same shape).
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +25,20 @@ pub enum Change {
     AddToleration(Toleration),
     /// `spec.activeDeadlineSeconds = value`.
     SetActiveDeadlineSeconds(i64),
+    /// `spec.template.spec.containers[index].restartPolicy = value` (the container, named
+    /// `container`, had none: restart rules need an explicit one).
+    SetContainerRestartPolicy {
+        index: usize,
+        container: String,
+        value: String,
+    },
+    /// Append `rule` to `spec.template.spec.containers[index].restartPolicyRules`, after the
+    /// container's own rules (the kubelet uses the first rule that matches).
+    AddContainerRestartRule {
+        index: usize,
+        container: String,
+        rule: ContainerRestartRule,
+    },
 }
 
 impl Change {
@@ -65,6 +79,19 @@ impl Change {
                 .tolerations
                 .get_or_insert_with(Default::default)
                 .push(toleration.clone()),
+            Self::SetContainerRestartPolicy { index, value, .. } => {
+                if let Some(container) = pod_spec(job).containers.get_mut(*index) {
+                    container.restart_policy = Some(value.clone());
+                }
+            }
+            Self::AddContainerRestartRule { index, rule, .. } => {
+                if let Some(container) = pod_spec(job).containers.get_mut(*index) {
+                    container
+                        .restart_policy_rules
+                        .get_or_insert_with(Default::default)
+                        .push(rule.clone());
+                }
+            }
         }
     }
 
@@ -90,6 +117,23 @@ impl Change {
                 toleration.toleration_seconds.unwrap_or_default()
             ),
             Self::SetActiveDeadlineSeconds(value) => format!("activeDeadlineSeconds={value}"),
+            Self::SetContainerRestartPolicy {
+                container, value, ..
+            } => format!("container {container} restartPolicy={value}"),
+            Self::AddContainerRestartRule {
+                container, rule, ..
+            } => {
+                let codes = rule
+                    .exit_codes
+                    .as_ref()
+                    .and_then(|codes| codes.values.as_ref())
+                    .map(|values| format!("{values:?}"))
+                    .unwrap_or_default();
+                format!(
+                    "container {container} restart rule ({} on {codes})",
+                    rule.action
+                )
+            }
         }
     }
 }

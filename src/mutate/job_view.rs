@@ -4,20 +4,24 @@
 //!
 //! The engine reads a Job's labels and annotations, a few spec fields, the pod template's
 //! restart policy, grace period, tolerations and DRA claims, and each container's name,
-//! restart policy and resources. An API server object is mostly other things (`managedFields`, env vars,
+//! restart policy, restart rules and resources. An API server object is mostly other things
+//! (`managedFields`, env vars,
 //! volumes, affinity, status): they are skipped unread here, which is most of the webhook's
 //! saving over decoding the whole Job. The Job handed to the engine has only the fields it
 //! reads; a property test proves the patch is the same as from the whole object.
 //!
 //! The skeleton holds `metadata.annotations`, `spec.podFailurePolicy.rules` (its length),
-//! `spec.template.spec.tolerations` (its length) and their parents, each present exactly when
-//! it is present and not null in the raw object: the paths the patch builder looks at.
+//! `spec.template.spec.tolerations` (its length), `spec.template.spec.containers` (one object
+//! per container, with its `restartPolicyRules` by length) and their parents, each present
+//! exactly when it is present and not null in the raw object: the paths the patch builder
+//! looks at.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec, PodFailurePolicy, PodFailurePolicyRule};
 use k8s_openapi::api::core::v1::{
-    Container, PodResourceClaim, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
+    Container, ContainerRestartRule, PodResourceClaim, PodSpec, PodTemplateSpec,
+    ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -93,14 +97,25 @@ struct RawPod {
 struct RawContainer {
     name: String,
     restart_policy: Option<String>,
+    restart_policy_rules: Option<Vec<ContainerRestartRule>>,
     resources: Option<ResourceRequirements>,
 }
 
 impl RawContainer {
+    /// The container's skeleton: `{}`, or `{"restartPolicyRules": [{}, ...]}`.
+    fn skeleton(&self) -> Value {
+        let mut fields = Map::new();
+        if let Some(rules) = &self.restart_policy_rules {
+            fields.insert("restartPolicyRules".to_owned(), items(rules.len()));
+        }
+        Value::Object(fields)
+    }
+
     fn into_container(self) -> Container {
         Container {
             name: self.name,
             restart_policy: self.restart_policy,
+            restart_policy_rules: self.restart_policy_rules,
             resources: self.resources,
             ..Container::default()
         }
@@ -176,6 +191,10 @@ pub(super) fn job_spec(raw_spec: RawSpec) -> (JobSpec, Value) {
             let mut pod_fields = Map::new();
             if let Some(tolerations) = &pod.tolerations {
                 pod_fields.insert("tolerations".to_owned(), items(tolerations.len()));
+            }
+            if !pod.containers.is_empty() {
+                let containers = pod.containers.iter().map(RawContainer::skeleton).collect();
+                pod_fields.insert("containers".to_owned(), Value::Array(containers));
             }
             template_fields.insert("spec".to_owned(), Value::Object(pod_fields));
             template.spec = Some(PodSpec {

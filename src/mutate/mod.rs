@@ -7,6 +7,8 @@
 //!   (`failure_policy`), and makes `podReplacementPolicy` compatible with it;
 //! - keeps the termination grace period in a window, and raises the node not-ready /
 //!   unreachable toleration seconds ([`pod_settings`]);
+//! - when the policy asks, adds container restart rules for retriable software exit codes to
+//!   the device containers (`restart_rules`), disjoint from the podFailurePolicy's codes;
 //! - records what it did in the `gpu-guard.io/mutated` annotation.
 //!
 //! Every result is checked with [`rules::job::check_job`]; a result the API server would reject
@@ -39,6 +41,7 @@ pub mod jobset_view;
 pub mod object;
 pub mod patch;
 pub mod pod_settings;
+mod restart_rules;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -264,6 +267,9 @@ pub fn mutate_job_as(
     draft.warnings.extend(devices.unresolved.iter().cloned());
     let mutation = &policy.mutation;
     failure_policy::apply(&mut draft, &devices, &mutation.pod_failure_policy);
+    // After the failure policy: the restart rules leave its exit codes to it, and see the
+    // pod restartPolicy it may have set.
+    restart_rules::apply(&mut draft, &devices, &mutation.restart_rules);
     pod_settings::apply_grace_window(&mut draft, &mutation.termination_grace_period);
     pod_settings::apply_readiness_tolerations(&mut draft, &mutation.node_readiness_tolerations);
     if let Some(deadline) = mutation.active_deadline_seconds

@@ -218,12 +218,25 @@ const JOB_OWNED: [&str; 5] = [
     "/spec/template/spec/tolerations",
 ];
 
+/// Where the containers of a Job's pod template are (relative to where the Job is).
+///
+/// Restart rules need a put-back, per container: `containers` is a list merged by `name` in a
+/// server-side apply, but a container's `restartPolicyRules` is atomic (`+listType=atomic`,
+/// core/v1 `types.go` of Kubernetes 1.36). A manager that applies the container with rules of
+/// its own owns that list, and a re-apply sets it to exactly those rules, dropping the one
+/// gpu-guard appended; the template is immutable, so the update would be refused. When the
+/// manager's manifest has no rules, gpu-guard's list (and the container `restartPolicy` it set,
+/// a scalar) is owned by no manager and survives. The container `restartPolicy` needs no
+/// put-back: gpu-guard only sets it where the manifest had none.
+const JOB_CONTAINERS: &str = "/spec/template/spec/containers";
+
 /// The one patch gpu-guard sends on UPDATE: for an object it mutated at CREATE (its
 /// `gpu-guard.io/mutated` annotation on `old`), each field it owns that `new` lacks exactly as
 /// gpu-guard added it is put back as `old` has it.
 ///
 /// Why: a server-side apply by the manager that owns an enclosing atomic list (a Job's
-/// `podFailurePolicy.rules` or `tolerations`, a JobSet's `failurePolicy.rules`) sets the list to
+/// `podFailurePolicy.rules` or `tolerations`, a container's `restartPolicyRules`, a JobSet's
+/// `failurePolicy.rules`) sets the list to
 /// what it applies, dropping what gpu-guard added at CREATE; on an immutable field (a Job's
 /// `podFailurePolicy` and `template`, a JobSet's `failurePolicy` and `replicatedJobs`) the
 /// update is then refused, and a GitOps sync or a controller (Trainer re-applies its JobSet) is
@@ -262,9 +275,15 @@ fn restore_known(
     let redone = patch::apply(new, &redo.patch)?;
     let mut owned: Vec<String> = Vec::new();
     let job_fields = |root: &str| -> Vec<String> {
+        let containers = format!("{root}{JOB_CONTAINERS}");
+        let count = new
+            .pointer(&containers)
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
         JOB_OWNED
             .iter()
             .map(|path| format!("{root}{path}"))
+            .chain((0..count).map(|index| format!("{containers}/{index}/restartPolicyRules")))
             .collect()
     };
     match kind.jobset_spec_root() {

@@ -3,8 +3,10 @@
 //!
 //! This is the only place patches are built. Each change owns one path; an absent or `null`
 //! parent is created in the same operation (`add /metadata/annotations {"k": "v"}`), arrays are
-//! appended to (`.../tolerations/-`) or inserted into at a known index (rules prepended to a
-//! podFailurePolicy), never rewritten by position. A property test proves that applying these
+//! appended to (`.../tolerations/-`, `.../containers/0/restartPolicyRules/-`) or inserted into
+//! at a known index (rules prepended to a podFailurePolicy), never rewritten by position; a
+//! container is reached by its index in `containers`, which the engine read from the same
+//! object. A property test proves that applying these
 //! operations gives the same document as `json_patch::diff` of the typed objects.
 
 use json_patch::jsonptr::PointerBuf;
@@ -176,6 +178,26 @@ impl Builder<'_> {
                     self.set(POD, "tolerations", Value::Array(vec![json(toleration)]));
                 }
             }
+            Change::SetContainerRestartPolicy { index, value, .. } => {
+                self.set(
+                    &format!("{POD}/containers/{index}"),
+                    "restartPolicy",
+                    json(value),
+                );
+            }
+            Change::AddContainerRestartRule { index, rule, .. } => {
+                let container = format!("{POD}/containers/{index}");
+                let path = format!("{container}/restartPolicyRules");
+                if self.exists(&path) {
+                    self.push_add(&format!("{path}/-"), json(rule));
+                } else {
+                    self.set(
+                        &container,
+                        "restartPolicyRules",
+                        Value::Array(vec![json(rule)]),
+                    );
+                }
+            }
         }
     }
 
@@ -332,7 +354,7 @@ fn unescape(token: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Toleration;
+    use k8s_openapi::api::core::v1::{ContainerRestartRule, Toleration};
     use serde_json::json;
 
     #[test]
@@ -459,6 +481,61 @@ mod tests {
             "j"
         );
         assert_eq!(patched["metadata"]["annotations"]["a"], "b");
+    }
+
+    #[test]
+    fn restart_rules_are_appended_to_the_container_by_index_or_created_with_their_list() {
+        let raw = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "metrics", "restartPolicyRules": null},
+            {"name": "main", "restartPolicy": "Never", "restartPolicyRules": [
+                {"action": "Restart", "exitCodes": {"operator": "In", "values": [3]}, "futureField": 1}
+            ]},
+        ]}}}});
+        let rule: ContainerRestartRule = serde_json::from_value(
+            json!({"action": "Restart", "exitCodes": {"operator": "In", "values": [70, 140]}}),
+        )
+        .unwrap();
+        let changes = [
+            Change::SetContainerRestartPolicy {
+                index: 0,
+                container: "metrics".to_owned(),
+                value: "Never".to_owned(),
+            },
+            Change::AddContainerRestartRule {
+                index: 0,
+                container: "metrics".to_owned(),
+                rule: rule.clone(),
+            },
+            Change::AddContainerRestartRule {
+                index: 1,
+                container: "main".to_owned(),
+                rule,
+            },
+        ];
+        let patch = operations(&changes, &raw, JOB_ROOT);
+        let paths: Vec<String> = patch.iter().map(|op| op.path().to_string()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "/spec/template/spec/containers/0/restartPolicy",
+                "/spec/template/spec/containers/0/restartPolicyRules",
+                "/spec/template/spec/containers/1/restartPolicyRules/-",
+            ]
+        );
+        let patched = apply(&raw, &patch).unwrap();
+        let containers = &patched["spec"]["template"]["spec"]["containers"];
+        assert_eq!(containers[0]["restartPolicy"], "Never");
+        assert_eq!(
+            containers[0]["restartPolicyRules"][0]["exitCodes"]["values"],
+            json!([70, 140])
+        );
+        let main = containers[1]["restartPolicyRules"].as_array().unwrap();
+        assert_eq!(main.len(), 2);
+        assert_eq!(
+            main[0]["futureField"], 1,
+            "the container's own rule is untouched"
+        );
+        assert_eq!(main[1]["exitCodes"]["values"], json!([70, 140]));
     }
 
     #[test]

@@ -550,3 +550,248 @@ fn disabled_sections_change_nothing() {
     assert_eq!(outcome.changes, vec![]);
     assert_eq!(outcome.skipped, None);
 }
+
+// === restart rules ===
+
+/// The default policy with in-place restart rules for 70 and 140 (the shipped profile's codes).
+fn in_place_policy() -> Policy {
+    let mut policy = Policy::default();
+    policy.mutation.restart_rules.enabled = true;
+    policy
+}
+
+fn restart_rule(action: &str, operator: &str, values: &[i32]) -> Value {
+    json!({"action": action, "exitCodes": {"operator": operator, "values": values}})
+}
+
+/// Each container's `[restartPolicy, restartPolicyRules]` after the engine ran.
+fn container_restart(outcome: &Outcome) -> Vec<(String, Value, Value)> {
+    pod(outcome)
+        .containers
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                json!(c.restart_policy),
+                serde_json::to_value(&c.restart_policy_rules).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn restart_rules_go_into_device_containers_only_and_leave_the_failure_policy_codes_alone() {
+    let policy = in_place_policy();
+    let gpu = json!({"limits": {"nvidia.com/gpu": "1"}});
+    let restart_70_140 = json!([restart_rule("Restart", "In", &[70, 140])]);
+    let cases = [
+        (
+            "a device container gets restartPolicy Never and one rule; a CPU container nothing",
+            json!({"containers": [
+                {"name": "main", "resources": gpu},
+                {"name": "metrics", "resources": {"limits": {"cpu": "1"}}},
+            ]}),
+            json!({}),
+            vec![
+                ("main", json!("Never"), restart_70_140.clone()),
+                ("metrics", json!(null), json!(null)),
+            ],
+        ),
+        (
+            "the container's own rules are kept first; a code they catch is left to them",
+            json!({"containers": [{"name": "main", "resources": gpu, "restartPolicy": "Never",
+                "restartPolicyRules": [restart_rule("Restart", "In", &[3, 70])]}]}),
+            json!({}),
+            vec![(
+                "main",
+                json!("Never"),
+                json!([
+                    restart_rule("Restart", "In", &[3, 70]),
+                    restart_rule("Restart", "In", &[140])
+                ]),
+            )],
+        ),
+        (
+            "a code the Job's own podFailurePolicy names for the container stays with it",
+            json!({}),
+            json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[70])]}}),
+            vec![(
+                "main",
+                json!("Never"),
+                json!([restart_rule("Restart", "In", &[140])]),
+            )],
+        ),
+        (
+            "a container that restarts on every failure already gets nothing",
+            json!({"containers": [{"name": "main", "resources": gpu, "restartPolicy": "OnFailure"}]}),
+            json!({}),
+            vec![("main", json!("OnFailure"), json!(null))],
+        ),
+        (
+            "a user's NotIn rule catches every code first: nothing to add, nothing removed",
+            json!({"containers": [{"name": "main", "resources": gpu, "restartPolicy": "Never",
+                "restartPolicyRules": [restart_rule("Restart", "NotIn", &[0])]}]}),
+            json!({}),
+            vec![(
+                "main",
+                json!("Never"),
+                json!([restart_rule("Restart", "NotIn", &[0])]),
+            )],
+        ),
+    ];
+    for (name, pod_extra, spec_extra, expected) in cases {
+        let outcome = mutate_job(&gpu_job(pod_extra, spec_extra), &policy);
+        let got: Vec<(String, Value, Value)> = container_restart(&outcome);
+        let expected: Vec<(String, Value, Value)> = expected
+            .into_iter()
+            .map(|(c, p, r)| (c.to_owned(), p, r))
+            .collect();
+        assert_eq!(got, expected, "{name}");
+        assert!(
+            rules::job::check_job(&outcome.job).is_empty(),
+            "{name}: {:?}",
+            rules::job::check_job(&outcome.job)
+        );
+        let again = mutate_job(&outcome.job, &policy);
+        assert_eq!(again.changes, Vec::new(), "{name}: second pass");
+    }
+}
+
+#[test]
+fn what_the_user_is_told_about_restart_rules() {
+    let policy = in_place_policy();
+    let gpu = json!({"limits": {"nvidia.com/gpu": "1"}});
+    let warnings = |pod_extra: Value, spec_extra: Value| {
+        mutate_job(&gpu_job(pod_extra, spec_extra), &policy).warnings
+    };
+    let has = |warnings: &[String], words: &str| warnings.iter().any(|w| w.contains(words));
+
+    let not_in = warnings(
+        json!({"containers": [{"name": "main", "resources": gpu, "restartPolicy": "Never",
+            "restartPolicyRules": [restart_rule("Restart", "NotIn", &[0])]}]}),
+        json!({}),
+    );
+    assert!(
+        has(
+            &not_in,
+            "container main: its restartPolicyRules[0] (NotIn) restarts it in place on exit \
+             code(s) [74, 75, 138]"
+        ),
+        "{not_in:?}"
+    );
+    let on_failure = warnings(
+        json!({"containers": [{"name": "main", "resources": gpu, "restartPolicy": "OnFailure"}]}),
+        json!({}),
+    );
+    assert!(
+        has(&on_failure, "container main has restartPolicy OnFailure"),
+        "{on_failure:?}"
+    );
+    let own_70 = warnings(
+        json!({}),
+        json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[70])]}}),
+    );
+    assert!(
+        has(&own_70, "names exit code(s) [70]; they are left to it"),
+        "{own_70:?}"
+    );
+    let full: Vec<Value> = (1..=20)
+        .map(|code| restart_rule("Restart", "In", &[code + 200]))
+        .collect();
+    let twenty = mutate_job(
+        &gpu_job(
+            json!({"containers": [{"name": "main", "resources": gpu, "restartPolicy": "Never",
+                "restartPolicyRules": full}]}),
+            json!({}),
+        ),
+        &policy,
+    );
+    assert!(
+        has(
+            &twenty.warnings,
+            "has 20 restart rules, the API server's limit"
+        ),
+        "{:?}",
+        twenty.warnings
+    );
+    assert!(
+        !twenty
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::AddContainerRestartRule { .. }))
+    );
+}
+
+#[test]
+fn restart_rules_need_the_pod_restart_policy_never() {
+    let policy = in_place_policy();
+    let outcome = mutate_job(
+        &gpu_job(json!({"restartPolicy": "OnFailure"}), json!({})),
+        &policy,
+    );
+    assert_eq!(
+        container_restart(&outcome),
+        vec![("main".to_owned(), json!(null), json!(null))]
+    );
+    // Converted to Never by the failure-policy step: the rules follow.
+    let mut convert = in_place_policy();
+    convert
+        .mutation
+        .pod_failure_policy
+        .on_failure_restart_policy = OnFailureRestartPolicy::ConvertToNever;
+    let outcome = mutate_job(
+        &gpu_job(json!({"restartPolicy": "OnFailure"}), json!({})),
+        &convert,
+    );
+    assert_eq!(
+        container_restart(&outcome)[0].2,
+        json!([restart_rule("Restart", "In", &[70, 140])])
+    );
+}
+
+#[test]
+fn restart_all_containers_is_written_when_chosen_and_off_by_default() {
+    let outcome = mutate_job(&gpu_job(json!({}), json!({})), &Policy::default());
+    assert_eq!(
+        container_restart(&outcome),
+        vec![("main".to_owned(), json!(null), json!(null))],
+        "the default policy adds no restart rules"
+    );
+    let mut policy = in_place_policy();
+    policy.mutation.restart_rules.action = crate::policy::RestartAction::RestartAllContainers;
+    let outcome = mutate_job(&gpu_job(json!({}), json!({})), &policy);
+    assert_eq!(
+        container_restart(&outcome)[0].2,
+        json!([restart_rule("RestartAllContainers", "In", &[70, 140])])
+    );
+    let annotation = &outcome.job.metadata.annotations.as_ref().unwrap()[MUTATED_ANNOTATION];
+    assert!(
+        annotation.contains(
+            "container main restartPolicy=Never, container main restart rule \
+             (RestartAllContainers on [70, 140])"
+        ),
+        "{annotation}"
+    );
+}
+
+#[test]
+fn a_job_whose_own_restart_rules_are_invalid_is_left_unchanged_with_the_reason() {
+    // An action the API server does not know: it refuses the Job anyway.
+    let outcome = mutate_job(
+        &gpu_job(
+            json!({"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "restartPolicy": "Never",
+                "restartPolicyRules": [restart_rule("Reboot", "In", &[3])]}]}),
+            json!({}),
+        ),
+        &in_place_policy(),
+    );
+    assert!(!outcome.is_changed());
+    assert!(
+        outcome.warnings.iter().any(|w| w.contains(
+            r#"spec.template.spec.containers[0].restartPolicyRules[0].action: Unsupported value: "Reboot""#
+        )),
+        "{:?}",
+        outcome.warnings
+    );
+}

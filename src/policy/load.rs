@@ -326,6 +326,28 @@ mutation:
     }
 
     #[test]
+    fn restart_rule_codes_that_overlap_device_codes_are_refused_with_file_line_and_field() {
+        let source = "\
+mutation:
+  restartRules:
+    enabled: true
+    exitCodes:
+      - 70
+      - 75
+";
+        let error = parse(source, "in-place.yaml").unwrap_err();
+        let found = error.problems();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].line, Some(6));
+        assert_eq!(found[0].field, "mutation.restartRules.exitCodes[1]");
+        let text = error.to_string();
+        assert!(
+            text.contains("in-place.yaml:6:") && text.contains("exitCodeRules[0] (Ignore)"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn the_error_message_names_file_line_and_field() {
         let error = parse("devices:\n  names: ['Not A Resource']\n", "p.yaml").unwrap_err();
         let text = error.to_string();

@@ -110,6 +110,59 @@ pub struct Mutation {
     pub active_deadline_seconds: Option<i64>,
     /// Gang training: JobSets and the JobSet template of Kubeflow Trainer runtimes.
     pub gang: GangSettings,
+    /// In-place restart of device containers for retriable software errors (container
+    /// `restartPolicyRules`, Kubernetes 1.35+). Off by default; `policies/in-place-restart.yaml`
+    /// turns it on.
+    pub restart_rules: RestartRuleSettings,
+}
+
+/// Container restart rules (KEP-5307) for the device containers of Jobs and of JobSet
+/// templates: the kubelet restarts a container in place, keeping its pod and its devices, when
+/// it exits with one of these codes. The pod does not fail, so neither the podFailurePolicy nor
+/// `backoffLimit` sees that exit (crash-loop backoff still applies). The codes can never be a
+/// device code, a code of any `podFailurePolicy.exitCodeRules` entry, 0, or an ordinary crash
+/// (1, 134, 137, 139, 143): the loader refuses such a policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RestartRuleSettings {
+    /// Add restart rules at all.
+    pub enabled: bool,
+    /// Exit codes (1 to 255) that mean "a transient fault in my own code: restart me here".
+    /// The convention: 70 (`EX_SOFTWARE`) and 140 (128 + SIGUSR2, the in-place twin of 138).
+    #[schemars(length(min = 1, max = 255))]
+    pub exit_codes: Vec<i32>,
+    /// What the kubelet restarts on those codes.
+    pub action: RestartAction,
+}
+
+impl Default for RestartRuleSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            exit_codes: vec![70, 140],
+            action: RestartAction::Restart,
+        }
+    }
+}
+
+/// The action of an injected container restart rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RestartAction {
+    /// Restart only the container that exited.
+    Restart,
+    /// Restart every container of the pod in place, init containers first again (KEP-5532,
+    /// beta in Kubernetes 1.36, gate `RestartAllContainersOnContainerExits`; an API server
+    /// without it refuses the Job). The grace period and preStop hooks are not honoured.
+    RestartAllContainers,
+}
+
+impl RestartAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Restart => crate::rules::container::RESTART,
+            Self::RestartAllContainers => crate::rules::container::RESTART_ALL_CONTAINERS,
+        }
+    }
 }
 
 /// How device failures are handled in a gang (a JobSet): the child Job fails fast and the

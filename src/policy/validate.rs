@@ -17,6 +17,22 @@ pub const MAX_RULES: usize = 20;
 /// killed at shutdown) and 143 is SIGTERM (every container at pod shutdown).
 const NEVER_IGNORED_EXIT_CODES: [i32; 2] = [137, 143];
 
+/// Exit codes a container restart rule must never catch, each with why: ordinary crashes must
+/// reach `backoffLimit`, and a container stopped at shutdown must not be started again.
+const NEVER_RESTARTED_EXIT_CODES: [(i32, &str); 5] = [
+    (1, "an ordinary crash (an uncaught exception)"),
+    (134, "an abort (SIGABRT: a failed assertion)"),
+    (
+        137,
+        "a kill (SIGKILL: an OOM kill, or a container killed at shutdown)",
+    ),
+    (139, "a segmentation fault (SIGSEGV)"),
+    (
+        143,
+        "a shutdown (SIGTERM, sent to every container when the pod stops)",
+    ),
+];
+
 pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
     let mut problems = Vec::new();
     let mut report = |path: FieldPath, message: String| problems.push((path, message));
@@ -276,8 +292,77 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             format!("must be between 1 and 1000, found {restarts}"),
         );
     }
+    problems.extend(validate_restart_rules(policy));
     problems.extend(validate_guard(&policy.guard));
     problems.extend(super::controller::validate_controller(&policy.controller));
+    problems
+}
+
+/// `mutation.restartRules`, when enabled: its codes restart a container in place, which hides
+/// the exit from the podFailurePolicy, so they must be disjoint from every code the failure
+/// policy names (device codes, FailJob codes, any exit-code rule) and from ordinary crashes.
+fn validate_restart_rules(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let settings = &policy.mutation.restart_rules;
+    let mut problems = Vec::new();
+    if !settings.enabled {
+        return problems;
+    }
+    let path = FieldPath::new(["mutation", "restartRules", "exitCodes"]);
+    if settings.exit_codes.is_empty() {
+        problems.push((
+            path.clone(),
+            "list at least one exit code (1 to 255), e.g. [70, 140]".to_owned(),
+        ));
+    }
+    let failure_rules = &policy.mutation.pod_failure_policy.exit_code_rules;
+    for (position, &code) in settings.exit_codes.iter().enumerate() {
+        let code_path = path.index(position);
+        if !(1..=255).contains(&code) {
+            problems.push((
+                code_path,
+                format!(
+                    "invalid exit code {code}: exit codes are 1 to 255 (0 is success: \
+                     restarting on it would run the container for ever)"
+                ),
+            ));
+            continue;
+        }
+        if let Some((_, what)) = NEVER_RESTARTED_EXIT_CODES
+            .iter()
+            .find(|(never, _)| *never == code)
+        {
+            problems.push((
+                code_path,
+                format!(
+                    "exit code {code} must not be restarted in place: it is {what}, which must \
+                     fail the pod and count against backoffLimit"
+                ),
+            ));
+            continue;
+        }
+        if let Some((index, rule)) = failure_rules
+            .iter()
+            .enumerate()
+            .find(|(_, rule)| rule.codes.contains(&code))
+        {
+            problems.push((
+                code_path,
+                format!(
+                    "exit code {code} is in mutation.podFailurePolicy.exitCodeRules[{index}] \
+                     ({}): a restart rule would restart the container in place on it, and \
+                     the podFailurePolicy would never see it; use another code",
+                    rule.action.as_str()
+                ),
+            ));
+            continue;
+        }
+        if settings.exit_codes[..position].contains(&code) {
+            problems.push((
+                code_path,
+                format!("duplicate exit code {code}; list it once"),
+            ));
+        }
+    }
     problems
 }
 
@@ -486,6 +571,47 @@ mod tests {
                 format!("{base}[2].action"),
             ]
         );
+    }
+
+    #[test]
+    fn restart_rule_codes_are_checked_only_when_enabled() {
+        let mut policy = Policy::default();
+        policy.mutation.restart_rules.exit_codes = vec![74, 0, 137, 70, 70, 127];
+        assert!(
+            fields(&policy).is_empty(),
+            "a disabled section is not judged"
+        );
+        policy.mutation.restart_rules.enabled = true;
+        policy
+            .mutation
+            .pod_failure_policy
+            .exit_code_rules
+            .push(ExitCodeRule {
+                action: RuleAction::FailJob,
+                codes: vec![126, 127],
+            });
+        let base = "mutation.restartRules.exitCodes";
+        let found = validate(&policy);
+        let summary: Vec<(String, &str)> = found
+            .iter()
+            .map(|(path, message)| (path.to_string(), message.as_str()))
+            .collect();
+        let expect = |index: usize, words: &str| {
+            let (path, message) = &summary
+                .iter()
+                .find(|(path, _)| *path == format!("{base}[{index}]"))
+                .unwrap_or_else(|| panic!("no problem at [{index}]: {summary:?}"));
+            assert!(message.contains(words), "{path}: {message}");
+        };
+        assert_eq!(summary.len(), 5, "{summary:?}");
+        expect(0, "exitCodeRules[0] (Ignore)");
+        expect(1, "0 is success");
+        expect(2, "OOM kill");
+        expect(4, "duplicate exit code 70");
+        expect(5, "exitCodeRules[1] (FailJob)");
+
+        policy.mutation.restart_rules.exit_codes.clear();
+        assert_eq!(fields(&policy), vec![base]);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! plain function. It mirrors `pkg/apis/batch/validation` of Kubernetes v1.36 for the fields
 //! gpu-guard writes, with the same field paths, messages and order, so that gpu-guard can prove
 //! it never emits a Job the API server would reject (and tests can compare with what a real
-//! kube-apiserver said, line for line).
+//! kube-apiserver said, line for line). The pod template's container restart rules, which
+//! gpu-guard may also write, are checked too ([`super::container`], after the Job's own rules).
 
 use std::collections::HashSet;
 
@@ -11,6 +12,7 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 
+use super::container::check_restart_rules;
 use super::names::qualified_name_errors;
 use crate::field::{FieldPath, Violation, quote};
 
@@ -82,6 +84,12 @@ pub fn check_job_spec(spec: &JobSpec, path: &FieldPath) -> Vec<Violation> {
             restart_path,
             "valid values: \"OnFailure\", \"Never\"",
         )),
+    }
+    if let Some(pod) = &spec.template.spec {
+        violations.extend(check_restart_rules(
+            pod,
+            &path.child("template").child("spec"),
+        ));
     }
     violations
 }

@@ -6,8 +6,12 @@
 //!   every replicated Job;
 //! - [`job`]: a Job's `podFailurePolicy` and the fields it constrains (Kubernetes v1.36
 //!   `pkg/apis/batch/validation`);
+//! - [`container`]: container `restartPolicy` and `restartPolicyRules` (KEP-5307 in-place
+//!   restart rules, KEP-5532 `RestartAllContainers`), as Kubernetes 1.36 pod validation checks
+//!   them; part of [`job::check_job`] for a Job's pod template;
 //! - `names` (crate-private): Kubernetes name syntax (apimachinery `validation.IsQualifiedName` and friends).
 
+pub mod container;
 pub mod job;
 pub mod jobset;
 pub(crate) mod names;

@@ -2,7 +2,8 @@
 //! container that exits with one of the policy's codes is restarted by the kubelet where it
 //! is, keeping its pod and its devices, instead of failing the pod and queueing for new
 //! devices. The pod does not fail, so neither the podFailurePolicy nor `backoffLimit` sees that
-//! exit (KEP-5307 "Job PodFailurePolicy"; crash-loop backoff still applies).
+//! exit (KEP-5307, container restart rules, beta and on by default since Kubernetes 1.35;
+//! crash-loop backoff still applies).
 //!
 //! What is added, to each regular device container of a pod whose `restartPolicy` is `Never`
 //! (the rules are what make a container restart under `Never`; `OnFailure` restarts every

@@ -795,6 +795,93 @@ async fn slow_clients_are_disconnected_and_others_are_served_meanwhile() {
     running.shutdown().await;
 }
 
+/// Reads one HTTP/1.1 response with a Content-Length from `stream`: its status code and body.
+async fn read_response<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    buffer: &mut Vec<u8>,
+) -> (u16, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+            let status = head[9..12].parse().unwrap();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map(|value| value.trim().parse().unwrap())
+                .expect("a content-length");
+            while buffer.len() < end + 4 + length {
+                let read = stream.read(&mut chunk).await.unwrap();
+                assert!(read > 0, "the connection closed in a response body");
+                buffer.extend_from_slice(&chunk[..read]);
+            }
+            let body = buffer[end + 4..end + 4 + length].to_vec();
+            buffer.drain(..end + 4 + length);
+            return (status, body);
+        }
+        let read = stream.read(&mut chunk).await.unwrap();
+        assert!(read > 0, "the connection closed before a response");
+        buffer.extend_from_slice(&chunk[..read]);
+    }
+}
+
+/// Issue 15: with Nagle's algorithm on, a response written while an earlier small write is
+/// still unacknowledged waits for that ACK, which the client delays (40 ms on Linux). The first
+/// response on every connection is such a write: the server has just sent its TLS 1.3 session
+/// tickets, and the client, having sent its request, has nothing to piggyback the ACK on. Over
+/// loopback a request takes a few milliseconds and a stalled one at least 40, so counting those
+/// over 20 ms separates the two clearly, even on a busy machine where a few requests may be slow
+/// for other reasons: without TCP_NODELAY on accepted connections, about every first request
+/// stalls (a quarter of these).
+#[tokio::test]
+async fn requests_on_fresh_keep_alive_connections_never_wait_for_a_delayed_ack() {
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_self_signed(&[]).unwrap();
+    let running = server(dir.path(), &pair, Duration::ZERO).await;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_tls(&pair.ca_pem)));
+    let body = std::fs::read("tests/fixtures/load/job-7k-review.json").unwrap();
+    let mut request = format!(
+        "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+
+    let mut took = Vec::new();
+    for _ in 0..12 {
+        let tcp = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+        // Each request goes in one write without Nagle: only the server's writes can stall.
+        tcp.set_nodelay(true).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let mut buffer = Vec::new();
+        for _ in 0..4 {
+            let started = std::time::Instant::now();
+            tls.write_all(&request).await.unwrap();
+            tls.flush().await.unwrap();
+            let (status, answer) = read_response(&mut tls, &mut buffer).await;
+            took.push(started.elapsed());
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+            // A low rate, as the API server's: the client's delayed-ACK timer is armed.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let stalled: Vec<_> = took
+        .iter()
+        .filter(|took| **took > Duration::from_millis(20))
+        .collect();
+    assert!(
+        stalled.len() <= 2,
+        "{} of {} requests took over 20 ms (a Nagle and delayed-ACK stall is ~40 ms): {stalled:?}",
+        stalled.len(),
+        took.len()
+    );
+    running.shutdown().await;
+}
+
 #[tokio::test]
 async fn shutdown_does_not_wait_for_ever_on_a_stalled_request() {
     use tokio::io::AsyncWriteExt;

@@ -22,7 +22,7 @@ use super::{BODY_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, SHUTDOWN_TIMEOUT};
 use crate::admission;
 use crate::guard::ClusterView;
 use crate::policy::Policy;
-use crate::process::admin_router;
+use crate::process::{admin_router, set_nodelay, without_nagle};
 
 /// How long a slow client may take before its connection is closed.
 #[derive(Clone, Copy, Debug)]
@@ -144,7 +144,7 @@ pub async fn start(
     // The admin port outlives the drain: /readyz must answer 503 while the webhook drains.
     let (admin_stop, mut admin_shutdown) = tokio::sync::watch::channel(false);
     let admin_task = tokio::spawn(async move {
-        let _ = axum::serve(admin_listener, admin)
+        let _ = axum::serve(without_nagle(admin_listener), admin)
             .with_graceful_shutdown(async move { stopped(&mut admin_shutdown).await })
             .await;
     });
@@ -266,6 +266,7 @@ fn spawn_connection(
     watcher: hyper_util::server::graceful::Watcher,
     handshake_timeout: Duration,
 ) {
+    set_nodelay(&stream);
     let acceptor = acceptor.clone();
     let service = TowerToHyperService::new(router.clone());
     let builder = builder.clone();

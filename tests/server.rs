@@ -874,7 +874,9 @@ async fn requests_on_fresh_keep_alive_connections_never_wait_for_a_delayed_ack()
         .filter(|took| **took > Duration::from_millis(20))
         .collect();
     assert!(
-        stalled.len() <= 2,
+        // Without the fix, 12 stall (every first request); allow a few slow ones on a busy
+        // machine.
+        stalled.len() <= 4,
         "{} of {} requests took over 20 ms (a Nagle and delayed-ACK stall is ~40 ms): {stalled:?}",
         stalled.len(),
         took.len()

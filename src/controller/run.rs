@@ -142,7 +142,7 @@ pub async fn start(
 
     let router = admin_router(state.clone());
     let admin = tokio::spawn(async move {
-        let _ = axum::serve(listener, router)
+        let _ = axum::serve(process::without_nagle(listener), router)
             .with_graceful_shutdown(async move {
                 let _ = stop_admin_rx.wait_for(|stop| *stop).await;
             })

@@ -18,8 +18,9 @@ use json_patch::Patch;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-/// Mutates the request's object when it is a batch/v1 Job or CronJob CREATE (everything else is
-/// allowed unchanged); returns the outcome and the size of the patch sent.
+/// Mutates the request's object at CREATE when it is a kind the engine mutates (a Job, CronJob,
+/// JobSet or Trainer runtime; everything else is allowed unchanged), resolving DRA claims with
+/// `dra`; an UPDATE goes to the put-back. Returns the outcome and the size of the patch sent.
 pub(super) fn mutate(
     request: &IncomingRequest<'_>,
     object: Option<&str>,

@@ -37,42 +37,36 @@ pub fn device_containers(
     namespace: &str,
     facts: &dyn DraFacts,
 ) -> DeviceContainers {
-    let mut found = DeviceContainers::default();
+    let mut unresolved = Vec::new();
     let mut uses_device = |container: &Container| {
-        let found_here =
+        let found =
             devices.container_devices(container, pod.resource_claims.as_deref(), namespace, facts);
-        found
-            .unresolved
-            .extend(found_here.unresolved.iter().map(|claim| {
-                format!(
-                    "{claim} of container {:?}: not counted as a device",
-                    container.name
-                )
-            }));
-        found_here.uses_device()
+        unresolved.extend(found.unresolved.iter().map(|claim| {
+            format!(
+                "{claim} of container {:?}: not counted as a device",
+                container.name
+            )
+        }));
+        found.uses_device()
     };
-    let mut targets = Vec::new();
-    let mut device_sidecars = Vec::new();
-    let mut has_sidecars = false;
+    let mut found = DeviceContainers::default();
     for container in &pod.containers {
         if uses_device(container) {
-            targets.push(container.name.clone());
+            found.targets.push(container.name.clone());
         }
     }
     for container in pod.init_containers.iter().flatten() {
         let sidecar = container.restart_policy.as_deref() == Some("Always");
-        has_sidecars |= sidecar;
+        found.has_sidecars |= sidecar;
         if uses_device(container) {
             if sidecar {
-                device_sidecars.push(container.name.clone());
+                found.device_sidecars.push(container.name.clone());
             } else {
-                targets.push(container.name.clone());
+                found.targets.push(container.name.clone());
             }
         }
     }
-    found.targets = targets;
-    found.device_sidecars = device_sidecars;
-    found.has_sidecars = has_sidecars;
+    found.unresolved = unresolved;
     if found.is_empty() && opted_in {
         found.targets = pod.containers.iter().map(|c| c.name.clone()).collect();
     }

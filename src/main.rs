@@ -10,15 +10,30 @@ use clap::Parser;
 /// Transparent huge pages are off (`no_thp`): with them, resident memory under load doubled.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use gpu_guard::cli::{Cli, run};
+use gpu_guard::cli::{Cli, run_with, usage_error_json};
 
 fn main() -> ExitCode {
     // One TLS crypto provider for the whole dependency tree, chosen here.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = Cli::parse();
-    let report = run(&cli);
-    // A closed pipe (`gpu-guard mutate ... | head`) is not an error worth a panic.
-    let _ = std::io::stdout().lock().write_all(report.stdout.as_bytes());
-    let _ = std::io::stderr().lock().write_all(report.stderr.as_bytes());
-    ExitCode::from(u8::try_from(report.exit_code).unwrap_or(1))
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            // `-o json` promises one JSON document on stdout, even for a refused command line.
+            if error.use_stderr()
+                && let Some(json) = usage_error_json(&args, &error.to_string())
+            {
+                let _ = std::io::stdout().lock().write_all(json.as_bytes());
+            }
+            error.exit();
+        }
+    };
+    // stdout is buffered (documents are written as they are done); stderr is not, so each
+    // note appears as it happens. A closed pipe (`gpu-guard mutate ... | head`) ends the
+    // output quietly.
+    // Neither stream is locked for the run: the servers' threads log to stderr.
+    let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout());
+    let code = run_with(&cli, &mut stdout, &mut std::io::stderr());
+    let _ = stdout.flush();
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -408,7 +408,8 @@ fn json_input_is_accepted() {
 #[test]
 fn diff_shows_the_added_lines_and_nothing_for_an_unchanged_file() {
     let path = fixture("gpu-job.yaml");
-    let out = run(gpu_guard().args(["mutate", "--diff", "-f"]).arg(&path)).expect_code(0);
+    // Exit 1: something would change, as `diff` and `kubectl diff` say it.
+    let out = run(gpu_guard().args(["mutate", "--diff", "-f"]).arg(&path)).expect_code(1);
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert!(
         lines
@@ -509,9 +510,9 @@ fn a_job_annotated_skip_is_left_alone_and_stderr_says_so() {
 // === mutate: errors ===
 
 #[test]
-fn a_broken_document_is_reported_with_file_document_and_line_and_the_ones_before_it_are_printed() {
+fn a_broken_document_is_reported_with_file_document_and_line_and_written_through() {
     let path = fixture("broken-second-document.yaml");
-    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(1);
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(2);
 
     let error = out
         .stderr
@@ -520,6 +521,7 @@ fn a_broken_document_is_reported_with_file_document_and_line_and_the_ones_before
         .unwrap_or_else(|| panic!("no error line in {}", out.stderr));
     assert!(error.contains(&path.display().to_string()), "{error}");
     assert!(error.contains("document 1"), "{error}");
+    assert!(error.contains("written through unchanged"), "{error}");
     let line: usize = error
         .split("line ")
         .nth(1)
@@ -531,20 +533,62 @@ fn a_broken_document_is_reported_with_file_document_and_line_and_the_ones_before
         "line {line} is not in the broken document (lines 8 to 13): {error}"
     );
 
-    let documents = yaml_documents(&out.stdout);
-    let names: Vec<&str> = documents.iter().map(name_of).collect();
+    // The first document, then the broken one as it came.
+    let (first, rest) = out.stdout.split_once("---\n").expect("two documents");
+    assert_eq!(name_of(&single_yaml_document(first)), "before-the-break");
+    let input = read(&path);
+    let broken = &input[input
+        .find("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: broken")
+        .unwrap()..];
+    assert_eq!(rest, broken);
+}
+
+#[test]
+fn documents_after_a_broken_one_are_still_mutated() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = read(&fixture("gpu-job.yaml"));
+    let path = dir.path().join("three.yaml");
+    let broken = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: broken\n";
+    std::fs::write(&path, format!("{job}---\n{broken}---\n{job}")).unwrap();
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(2);
+    let parts: Vec<&str> = out.stdout.split("---\n").collect();
+    assert_eq!(parts.len(), 3, "{}", out.stdout);
     assert_eq!(
-        names,
-        vec!["before-the-break"],
-        "the first document is still printed"
+        parts[1], broken,
+        "the broken document is written as it came"
+    );
+    for part in [parts[0], parts[2]] {
+        assert_device_job_spec(&single_yaml_document(part)["spec"], &["main"]);
+    }
+    // The broken document's last line: after the Job and the separator, its third line.
+    let line = job.lines().count() + 4;
+    assert!(
+        out.stderr.contains(&format!("document 1, line {line}: ")),
+        "the error names the document and line: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("summary: 2 object(s): 2 mutated (Job 2); 1 document(s) unreadable"),
+        "{}",
+        out.stderr
+    );
+    // -o json cannot hold the broken text: it is left out and the output is still JSON.
+    let out = run(gpu_guard().args(["mutate", "-o", "json", "-f"]).arg(&path)).expect_code(2);
+    let list = json_output(&out.stdout);
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(2));
+    assert!(
+        out.stderr.contains("left out of the output"),
+        "{}",
+        out.stderr
     );
 }
 
 #[test]
-fn a_missing_file_exits_1_and_names_it() {
+fn a_missing_file_exits_2_and_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-file.yaml");
-    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&missing)).expect_code(1);
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&missing)).expect_code(2);
     assert!(out.stderr.contains("no-such-file.yaml"), "{}", out.stderr);
     assert_eq!(out.stdout, "");
 
@@ -555,7 +599,7 @@ fn a_missing_file_exits_1_and_names_it() {
         .arg(&missing)
         .arg("-f")
         .arg(fixture("gpu-job.yaml")))
-    .expect_code(1);
+    .expect_code(2);
     assert_device_job_spec(&single_yaml_document(&out.stdout)["spec"], &["main"]);
 }
 
@@ -580,7 +624,7 @@ fn usage_errors_exit_2() {
 fn a_job_that_does_not_decode_is_reported_and_passed_through() {
     let path = fixture("undecodable-job.yaml");
     let inputs = yaml_documents(&read(&path));
-    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(1);
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(2);
 
     let error = out
         .stderr
@@ -737,7 +781,8 @@ fn policy_check_refuses_a_broken_file_with_file_line_and_field() {
         );
     }
 
-    let missing = run(gpu_guard().args(["policy", "check", "no-such-policy.yaml"])).expect_code(1);
+    // A file that cannot be read is an input error (2), not a refused policy (1).
+    let missing = run(gpu_guard().args(["policy", "check", "no-such-policy.yaml"])).expect_code(2);
     assert!(
         missing.stderr.contains("no-such-policy.yaml"),
         "{}",
@@ -853,7 +898,7 @@ fn a_broken_policy_stops_mutate_before_anything_is_printed() {
             .arg("mutate")
             .arg("-f")
             .arg(fixture("gpu-job.yaml")))
-        .expect_code(1);
+        .expect_code(2);
         assert_eq!(out.stdout, "", "nothing is half-applied");
         assert!(out.stderr.contains(broken), "{}", out.stderr);
 
@@ -863,7 +908,7 @@ fn a_broken_policy_stops_mutate_before_anything_is_printed() {
             .arg("mutate")
             .arg("-f")
             .arg(fixture("gpu-job.yaml")))
-        .expect_code(1);
+        .expect_code(2);
         assert_eq!(out.stdout, "");
     }
 }
@@ -943,7 +988,7 @@ fn mutate_help_documents_the_exit_statuses() {
     let text = out.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     let lower = text.to_lowercase();
     assert!(lower.contains("exit status"), "{}", out.stdout);
-    for status in ["0 on success", "1 when", "2 on usage errors"] {
+    for status in ["0 on success", "1 with --diff", "2 when a flag"] {
         assert!(
             text.contains(status),
             "missing {status:?} in\n{}",
@@ -1274,7 +1319,10 @@ fn check_names_each_object_and_exits_1_when_something_would_be_denied() {
         lines[4],
         format!("{source} (document 3, item 0) StatefulSet default/db: allowed")
     );
-    assert_eq!(lines[5], "3 object(s) checked: 2 allowed, 1 denied");
+    assert_eq!(
+        lines[5],
+        "3 object(s) checked: 2 allowed, 1 denied; 1 read as cluster facts (PriorityClass 1)"
+    );
     assert_eq!(run.stderr, "");
 }
 
@@ -1456,7 +1504,7 @@ fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
         assert_eq!(mode & 0o777, 0o600);
     }
     // An existing set is kept unless --force.
-    let again = run(gpu_guard().args(["certs", "--out-dir"]).arg(&out)).expect_code(1);
+    let again = run(gpu_guard().args(["certs", "--out-dir"]).arg(&out)).expect_code(2);
     assert!(again.stderr.contains("pass --force"), "{}", again.stderr);
     run(gpu_guard()
         .args(["certs", "--force", "--out-dir"])
@@ -1519,7 +1567,7 @@ fn generate_webhook_config_prints_the_base_and_takes_options() {
     let bad = run(gpu_guard()
         .args(["generate", "webhook-config", "--ca-bundle-file"])
         .arg(dir.path().join("tls.key")))
-    .expect_code(1);
+    .expect_code(2);
     assert!(
         bad.stderr.contains("not a PEM certificate"),
         "{}",

@@ -27,7 +27,7 @@ fn documents(name: &str) -> Vec<Value> {
     let path = dra_fixture(name);
     let (documents, error) =
         gpu_guard::manifest::parse(&std::fs::read_to_string(&path).unwrap(), &path);
-    assert!(error.is_none(), "{error:?}");
+    assert!(error.is_empty(), "{error:?}");
     documents
         .into_iter()
         .map(|document| document.value)
@@ -208,7 +208,7 @@ fn mutate_resolves_a_claim_template_shipped_after_its_job() {
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let (out, error) =
         gpu_guard::manifest::parse(&String::from_utf8_lossy(&output.stdout), "stdout");
-    assert!(error.is_none());
+    assert!(error.is_empty());
     let job = &out[0].value;
     assert_eq!(
         job["spec"]["podFailurePolicy"]["rules"][2]["onExitCodes"]["containerName"],

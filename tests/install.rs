@@ -86,7 +86,7 @@ fn objects() -> BTreeMap<String, Vec<(PathBuf, Value)>> {
             continue;
         }
         let (documents, error) = manifest::read(&file);
-        assert!(error.is_none(), "{}: {error:?}", file.display());
+        assert!(error.is_empty(), "{}: {error:?}", file.display());
         for document in documents {
             let kind = document.value["kind"]
                 .as_str()

@@ -1,16 +1,21 @@
 //! The command line: `gpu-guard serve | controller | mutate | check | generate | policy | certs`.
 //! The only module that knows clap: one file per command, each turning its flags into the plain
-//! settings of the module that does the work. Each command returns the text to print and an
-//! exit code ([`Report`]), so tests can call them without a process.
+//! settings of the module that does the work. `mutate` and `check` stream to the writers they
+//! are given; the other commands return the text to print ([`Report`]). Every command exits
+//! by one contract ([`exit`]).
 
 mod certs;
 mod check;
 mod controller;
 mod generate;
+mod inputs;
 mod mutate;
 pub mod reference;
 mod serve;
+mod tally;
 
+use std::ffi::OsString;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -26,6 +31,7 @@ pub use certs::CertsArgs;
 pub use check::{CheckArgs, CheckFormat};
 pub use controller::{ControllerArgs, effective_policy};
 pub use generate::{FailurePolicyArgs, GenerateCommand, WebhookConfigArgs};
+pub use inputs::InputArgs;
 pub use mutate::MutateArgs;
 pub use serve::ServeArgs;
 
@@ -65,8 +71,13 @@ pub enum Command {
     /// .json file below them) and List objects; `-f -` reads stdin. Every other document passes
     /// through unchanged, in order. Warnings and a summary of the changes go to stderr.
     ///
-    /// Exit status: 0 on success, 1 when an input could not be read or decoded (its documents
-    /// are still written, unchanged), 2 on usage errors.
+    /// Each document is written as soon as it is mutated. A document that cannot be read is
+    /// reported with its file, document number and line, and written through unchanged (YAML
+    /// output); every other document is still mutated.
+    ///
+    /// Exit status: 0 on success; 1 with --diff when something would change; 2 when a flag,
+    /// the policy or an input (file, document, object) could not be used, after writing
+    /// everything else.
     ///
     /// Example: gpu-guard mutate -f k8s/ | kubectl apply -f -
     Mutate(MutateArgs),
@@ -78,8 +89,8 @@ pub enum Command {
     /// --kubeconfig they are read from the cluster instead. Each Pod and pod-template owner is
     /// named (file, document, kind, namespace/name) with its verdict and every reason.
     ///
-    /// Exit status: 0 when nothing would be denied, 1 when something would be, 2 on usage or
-    /// input errors.
+    /// Exit status: 0 when nothing would be denied, 1 when something would be, 2 when a flag,
+    /// the policy or an input could not be used (-o json still prints one JSON document).
     ///
     /// Example: gpu-guard check -f k8s/ --priority-class high-priority=1000000
     Check(CheckArgs),
@@ -134,7 +145,7 @@ pub struct KubeconfigArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
-    /// Validate a policy file; exit 1 if it is refused.
+    /// Validate a policy file; exit 1 if it is refused, 2 if it cannot be read.
     ///
     /// Prints every semantic problem at once, each with file, line, column and field; a YAML
     /// syntax error, an unknown key or a wrong type stops the reading, so it is the only
@@ -149,6 +160,18 @@ pub enum PolicyCommand {
     Schema,
 }
 
+/// The exit statuses, one contract for every command (docs/cli.md#exit-status).
+pub mod exit {
+    /// Nothing to report.
+    pub const OK: i32 = 0;
+    /// Findings: something would be denied (`check`), would change (`mutate --diff`), or the
+    /// policy file is refused (`policy check`); for `serve` and `controller`, a failure.
+    pub const FINDINGS: i32 = 1;
+    /// A usage or input error: a bad flag, an unreadable or invalid policy, an unreadable
+    /// input, file, document or object.
+    pub const INPUT: i32 = 2;
+}
+
 /// What a command prints and how the process exits.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
@@ -157,32 +180,86 @@ pub struct Report {
     pub exit_code: i32,
 }
 
-/// Runs a parsed command line.
+/// Where a command's notes, warnings and errors go (stderr), each line as it happens.
+pub struct Log<'a> {
+    out: &'a mut dyn Write,
+    /// How many errors were written.
+    pub errors: usize,
+}
+
+impl<'a> Log<'a> {
+    pub fn new(out: &'a mut dyn Write) -> Self {
+        Self { out, errors: 0 }
+    }
+
+    pub fn error(&mut self, message: &str) {
+        self.errors += 1;
+        self.line("error: ", message);
+    }
+
+    pub fn warning(&mut self, message: &str) {
+        self.line("warning: ", message);
+    }
+
+    pub fn note(&mut self, message: &str) {
+        self.line("", message);
+    }
+
+    fn line(&mut self, prefix: &str, message: &str) {
+        // stderr that cannot be written to has no one to tell.
+        let _ = writeln!(self.out, "{prefix}{message}");
+    }
+}
+
+/// Runs a parsed command line, its output gathered into a [`Report`].
 pub fn run(cli: &Cli) -> Report {
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let exit_code = run_with(cli, &mut stdout, &mut stderr);
+    Report {
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        exit_code,
+    }
+}
+
+/// Runs a parsed command line, writing to `out` (stdout) and `err` (stderr) as it goes;
+/// returns the exit status.
+pub fn run_with(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let mut log = Log::new(err);
     if let Command::Policy(PolicyCommand::Check { file }) = &cli.command {
         return match policy::load(file) {
-            Ok(_) => Report {
-                stdout: format!("{}: valid\n", file.display()),
-                ..Report::default()
-            },
-            Err(error) => failure(format!("{error}\n")),
+            Ok(_) => {
+                let _ = writeln!(out, "{}: valid", file.display());
+                exit::OK
+            }
+            Err(error) => {
+                log.note(&error.to_string());
+                match error {
+                    PolicyError::Read { .. } => exit::INPUT,
+                    PolicyError::Invalid { .. } => exit::FINDINGS,
+                }
+            }
         };
     }
     if let Command::Policy(PolicyCommand::Schema) = &cli.command {
-        return Report {
-            stdout: Policy::json_schema(),
-            ..Report::default()
-        };
+        let _ = out.write_all(Policy::json_schema().as_bytes());
+        return exit::OK;
     }
     let policy = match load_policy(&cli.global) {
         Ok(policy) => policy,
-        Err(error) => return failure(format!("{error}\n")),
+        Err(error) => {
+            log.error(&error.to_string());
+            if let Some(json) = empty_json_output(&cli.command, &error.to_string()) {
+                let _ = out.write_all(json.as_bytes());
+            }
+            return exit::INPUT;
+        }
     };
-    match &cli.command {
+    let report = match &cli.command {
+        Command::Mutate(args) => return mutate::run(args, &policy, out, &mut log),
+        Command::Check(args) => return check::run(args, &policy, out, &mut log),
         Command::Serve(args) => serve::run(args, cli.global.policy.as_deref(), policy),
         Command::Controller(args) => controller::run(args, policy),
-        Command::Mutate(args) => mutate::run(args, &policy),
-        Command::Check(args) => check::run(args, &policy),
         Command::Generate(GenerateCommand::FailurePolicy(args)) => {
             generate::failure_policy(args, &policy)
         }
@@ -195,7 +272,59 @@ pub fn run(cli: &Cli) -> Report {
         Command::Policy(PolicyCommand::Check { .. } | PolicyCommand::Schema) => {
             unreachable!("handled before the policy is loaded")
         }
+    };
+    let _ = out.write_all(report.stdout.as_bytes());
+    let _ = log.out.write_all(report.stderr.as_bytes());
+    report.exit_code
+}
+
+/// The JSON document `-o json` prints when a command fails before it has any result: an
+/// empty `List` for `mutate`, the report with only the error for `check`.
+fn empty_json_output(command: &Command, message: &str) -> Option<String> {
+    let value = match command {
+        Command::Mutate(args) if args.output == Format::Json => {
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": []})
+        }
+        Command::Check(args) if args.output == CheckFormat::Json => serde_json::json!({
+            "findings": [], "errors": [message], "warnings": [], "denied": false, "summary": {}
+        }),
+        _ => return None,
+    };
+    let mut text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+    text.push('\n');
+    Some(text)
+}
+
+/// For a command line the parser refuses: the JSON document `-o json` promises, when the
+/// arguments ask for JSON output of `mutate` or `check` (the message is on stderr too).
+pub fn usage_error_json(args: &[OsString], message: &str) -> Option<String> {
+    let message = message.lines().next().unwrap_or_default();
+    let message = message.strip_prefix("error: ").unwrap_or(message);
+    let args: Vec<String> = args
+        .iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let json = args
+        .windows(2)
+        .any(|pair| matches!(pair[0].as_str(), "-o" | "--output") && pair[1] == "json")
+        || args
+            .iter()
+            .any(|arg| matches!(arg.as_str(), "-ojson" | "--output=json" | "-o=json"));
+    if !json {
+        return None;
     }
+    let value = if args.iter().any(|arg| arg == "check") {
+        serde_json::json!({
+            "findings": [], "errors": [message], "warnings": [], "denied": false, "summary": {}
+        })
+    } else if args.iter().any(|arg| arg == "mutate") {
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": []})
+    } else {
+        return None;
+    };
+    let mut text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+    text.push('\n');
+    Some(text)
 }
 
 /// Loads the policy the global flags name.
@@ -206,23 +335,28 @@ pub fn load_policy(global: &GlobalArgs) -> Result<Policy, PolicyError> {
     }
 }
 
+/// A command that could not do what it was asked: a usage or input error.
 fn failure(stderr: String) -> Report {
     Report {
         stdout: String::new(),
         stderr,
-        exit_code: 1,
+        exit_code: exit::INPUT,
     }
 }
 
-/// The report of a long-running command: exit 0 or 130 after a signal, 1 when it could not
-/// start (the message was logged already, and is printed too).
+/// The report of a long-running command: exit 0 or 130 after a signal, 1 when it failed
+/// (the message was logged already, and is printed too).
 fn finished(result: Result<Stopped, String>) -> Report {
     match result {
         Ok(stopped) => Report {
             exit_code: stopped.exit_code(),
             ..Report::default()
         },
-        Err(message) => failure(format!("error: {message}\n")),
+        Err(message) => Report {
+            stderr: format!("error: {message}\n"),
+            exit_code: exit::FINDINGS,
+            ..Report::default()
+        },
     }
 }
 

@@ -1,25 +1,30 @@
-//! `gpu-guard mutate`: the mutation engine on manifests, as the webhook would apply it.
+//! `gpu-guard mutate`: the mutation engine on manifests, as the webhook would apply it, one
+//! document at a time: each is read, mutated and written before the next is read, and its
+//! notes reach stderr as it is done.
 
-use serde_json::Value;
-
-use clap::Args;
+use std::io::{self, Write};
 use std::path::PathBuf;
 
-use super::Report;
+use clap::Args;
+use serde_json::Value;
+
+use super::inputs::{InputArgs, Inputs};
+use super::tally::{self, Tally};
+use super::{Log, exit};
 use crate::guard::{ClusterView, Layered, StaticView};
-use crate::manifest::{self, Document, Format};
+use crate::manifest::{self, Document, DocumentWriter, Format};
 use crate::mutate::object;
 use crate::policy::{DraFacts, Policy};
 
 #[derive(Debug, Args)]
 pub struct MutateArgs {
-    /// A file, a directory, or - for stdin. Repeat for several.
-    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
-    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
     pub output: Format,
-    /// Print a unified diff of each input against its mutated form instead of the manifests.
+    /// Print a unified diff of each input against its mutated form instead of the
+    /// manifests; exit 1 when there is a difference (as `diff` and `kubectl diff` do).
     #[arg(long)]
     pub diff: bool,
     /// Resolve DRA claims also from the ResourceClaimTemplates, ResourceClaims and
@@ -33,33 +38,23 @@ pub struct MutateArgs {
     pub sync_timeout_seconds: u64,
 }
 
-pub(super) fn run(args: &MutateArgs, policy: &Policy) -> Report {
-    let mut report = Report::default();
-    let mut outputs = Vec::new();
-    let mut diffs = String::new();
-    let mut inputs = Vec::new();
-    for input in &args.files {
-        match manifest::expand(input) {
-            Ok(files) => inputs.extend(files.into_iter().map(|file| {
-                let (documents, error) = manifest::read(&file);
-                (file, documents, error)
-            })),
-            Err(error) => {
-                report
-                    .stderr
-                    .push_str(&format!("error: {}: {error}\n", input.display()));
-                report.exit_code = 1;
-            }
-        }
+/// The words the first pass looks for: the kinds that resolve DRA claims.
+const DRA_KINDS: &[&str] = &["ResourceClaim", "DeviceClass"];
+
+/// The summary's outcomes, in order.
+const OUTCOMES: &[&str] = &["mutated", "unchanged", "skipped", "not handled", "failed"];
+
+pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: &mut Log) -> i32 {
+    let (inputs, errors) = Inputs::open(&args.input);
+    for error in errors {
+        log.error(&error.to_string());
     }
     // DRA claims are resolved from the ResourceClaimTemplates, ResourceClaims and
     // DeviceClasses anywhere in the input (a template may come after its Job).
     let mut shipped = StaticView::default();
-    for (_, documents, _) in &inputs {
-        for object in manifest::objects(documents) {
-            shipped.add_dra_object(&object.value);
-        }
-    }
+    inputs.prescan(DRA_KINDS, &mut |object| {
+        shipped.add_dra_object(&object.value);
+    });
     // The runtime runs the cache's watches; it lives until the mutation is done.
     let cluster = match &args.kubeconfig {
         Some(path) => match super::cluster_cache(
@@ -68,9 +63,11 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy) -> Report {
         ) {
             Ok(cluster) => Some(cluster),
             Err(message) => {
-                report.stderr.push_str(&format!("error: {message}\n"));
-                report.exit_code = 2;
-                return report;
+                log.error(&message);
+                if !args.diff {
+                    let _ = DocumentWriter::new(out, args.output).finish();
+                }
+                return exit::INPUT;
             }
         },
         None => None,
@@ -86,90 +83,195 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy) -> Report {
         }
         None => shipped.dra(),
     };
-    for (file, documents, error) in inputs {
-        let mut mutated = Vec::with_capacity(documents.len());
-        for document in &documents {
-            let mut value = document.value.clone();
-            if let Err(message) =
-                mutate_document(&mut value, document, policy, dra, &mut report.stderr)
-            {
-                report.stderr.push_str(&format!("error: {message}\n"));
-                report.exit_code = 1;
+    let mut run = Run {
+        policy,
+        dra,
+        log,
+        tally: Tally::default(),
+        changed: false,
+        unreadable: 0,
+    };
+    let written = if args.diff {
+        run.diffs(&inputs, out)
+    } else {
+        run.manifests(&inputs, DocumentWriter::new(out, args.output))
+    };
+    let Run {
+        log,
+        tally,
+        changed,
+        unreadable,
+        ..
+    } = run;
+    if let Err(error) = written
+        && error.kind() != io::ErrorKind::BrokenPipe
+    {
+        log.error(&format!("cannot write the output: {error}"));
+    }
+    let mut summary = format!("summary: {} object(s)", tally.total());
+    let line = tally.line(OUTCOMES);
+    if !line.is_empty() {
+        summary.push_str(&format!(": {line}"));
+    }
+    if unreadable > 0 {
+        summary.push_str(&format!("; {unreadable} document(s) unreadable"));
+    }
+    log.note(&summary);
+    if log.errors > 0 {
+        exit::INPUT
+    } else if args.diff && changed {
+        exit::FINDINGS
+    } else {
+        exit::OK
+    }
+}
+
+/// One run of `mutate`: what it mutates with, where its notes go, and what it counted.
+struct Run<'a, 'w> {
+    policy: &'a Policy,
+    dra: &'a dyn DraFacts,
+    log: &'a mut Log<'w>,
+    tally: Tally,
+    changed: bool,
+    unreadable: usize,
+}
+
+impl Run<'_, '_> {
+    /// Writes every document, mutated (unreadable ones as they came, when the format
+    /// allows).
+    fn manifests(
+        &mut self,
+        inputs: &Inputs,
+        mut writer: DocumentWriter<&mut dyn Write>,
+    ) -> io::Result<()> {
+        for documents in inputs.each() {
+            let documents = match documents {
+                Ok(documents) => documents,
+                Err(error) => {
+                    self.log.error(&error.to_string());
+                    continue;
+                }
+            };
+            for item in documents {
+                match item {
+                    Ok(mut document) => {
+                        let mut value = std::mem::take(&mut document.value);
+                        self.mutate_document(&mut value, &document);
+                        writer.write(value)?;
+                    }
+                    Err(unreadable) => {
+                        self.unreadable += 1;
+                        let written = match &unreadable.text {
+                            Some(text) => writer.write_raw(text)?,
+                            None => false,
+                        };
+                        self.log.error(&format!(
+                            "{} ({})",
+                            unreadable.error,
+                            if written {
+                                "written through unchanged"
+                            } else {
+                                "left out of the output"
+                            }
+                        ));
+                    }
+                }
             }
-            mutated.push(value);
         }
-        if let Some(error) = error {
-            report.stderr.push_str(&format!("error: {error}\n"));
-            report.exit_code = 1;
-        }
-        if args.diff {
-            diffs.push_str(&unified_diff(
-                &file.display().to_string(),
-                &documents,
-                &mutated,
-            ));
-        }
-        outputs.extend(mutated);
+        writer.finish().map(drop)
     }
-    report.stdout = if args.diff {
-        diffs
-    } else if outputs.is_empty() {
-        String::new()
-    } else {
-        manifest::render(&outputs, args.output)
-    };
-    report
-}
 
-/// Mutates one document in place: the object, or each item of a `List`
-/// ([`manifest::visit_objects_mut`]); notes go to `log`.
-fn mutate_document(
-    value: &mut Value,
-    document: &Document,
-    policy: &Policy,
-    dra: &dyn DraFacts,
-    log: &mut String,
-) -> Result<(), String> {
-    let mut errors = Vec::new();
-    manifest::visit_objects_mut(value, &mut |item, object| {
-        let location = manifest::location(document, item);
-        if let Err(error) = mutate_object(object, &location, policy, dra, log) {
-            errors.push(error);
+    /// Writes a unified diff per input of its documents against their mutated forms.
+    fn diffs(&mut self, inputs: &Inputs, out: &mut dyn Write) -> io::Result<()> {
+        for documents in inputs.each() {
+            let documents = match documents {
+                Ok(documents) => documents,
+                Err(error) => {
+                    self.log.error(&error.to_string());
+                    continue;
+                }
+            };
+            let mut diff = FileDiff::new(documents.source());
+            for item in documents {
+                match item {
+                    Ok(mut document) => {
+                        let mut value = std::mem::take(&mut document.value);
+                        let before = manifest::to_yaml(&value);
+                        self.mutate_document(&mut value, &document);
+                        let after = manifest::to_yaml(&value);
+                        self.changed |= diff.add(&before, &after, out)?;
+                    }
+                    Err(unreadable) => {
+                        self.unreadable += 1;
+                        self.log.error(&unreadable.error.to_string());
+                    }
+                }
+            }
         }
-    });
-    if errors.is_empty() {
         Ok(())
-    } else {
-        Err(errors.join("\n"))
     }
-}
 
-/// Mutates one object in place; `location` says where it is.
-fn mutate_object(
-    value: &mut Value,
-    location: &str,
-    policy: &Policy,
-    dra: &dyn DraFacts,
-    log: &mut String,
-) -> Result<(), String> {
-    let name = object_name(value, location);
-    let Some(result) = object::mutate_object_with(value, policy, dra) else {
-        return Ok(());
-    };
-    let mutation = result.map_err(|error| format!("{name}: {error}"))?;
-    for warning in mutation.outcome.warnings() {
-        log.push_str(&format!("warning: {name}: {warning}\n"));
+    /// Mutates one document in place: the object, or each item of a `List`
+    /// ([`manifest::visit_objects_mut`]).
+    fn mutate_document(&mut self, value: &mut Value, document: &Document) {
+        manifest::visit_objects_mut(value, &mut |item, object| {
+            let location = manifest::location(document, item);
+            self.mutate_object(object, &location);
+        });
     }
-    match mutation.outcome.skipped() {
-        Some(reason) => log.push_str(&format!("{name}: {}\n", reason.describe())),
-        None if mutation.patch.is_empty() => log.push_str(&format!("{name}: unchanged\n")),
-        None => {
-            *value = crate::mutate::patch::apply(value, &mutation.patch)
-                .map_err(|error| format!("{name}: {error}"))?;
-            log.push_str(&format!("{name}: {}\n", mutation.outcome.summary()));
+
+    /// Mutates one object in place; `location` says where it is.
+    fn mutate_object(&mut self, value: &mut Value, location: &str) {
+        let name = object_name(value, location);
+        let kind = tally::kind_of(value).to_owned();
+        let Some(result) = object::mutate_object_with(value, self.policy, self.dra) else {
+            if tally::carries_pod_template(value) && !tally::is_core_workload(value) {
+                self.log.warning(&format!(
+                    "{name}: gpu-guard does not mutate {}, although it carries pod templates: \
+                     its pods get no podFailurePolicy for device failures (supported: Job, \
+                     CronJob, JobSet, TrainingRuntime, ClusterTrainingRuntime)",
+                    tally::api_kind(value)
+                ));
+            }
+            self.tally.add("not handled", &kind);
+            return;
+        };
+        let mutation = match result {
+            Ok(mutation) => mutation,
+            Err(error) => {
+                self.log
+                    .error(&format!("{name}: {error} (written through unchanged)"));
+                self.tally.add("failed", &kind);
+                return;
+            }
+        };
+        for warning in mutation.outcome.warnings() {
+            self.log.warning(&format!("{name}: {warning}"));
+        }
+        match mutation.outcome.skipped() {
+            Some(reason) => {
+                self.log.note(&format!("{name}: {}", reason.describe()));
+                self.tally.add("skipped", &kind);
+            }
+            None if mutation.patch.is_empty() => {
+                self.log.note(&format!("{name}: unchanged"));
+                self.tally.add("unchanged", &kind);
+            }
+            None => match crate::mutate::patch::apply(value, &mutation.patch) {
+                Ok(mutated) => {
+                    *value = mutated;
+                    self.log
+                        .note(&format!("{name}: {}", mutation.outcome.summary()));
+                    self.tally.add("mutated", &kind);
+                }
+                Err(error) => {
+                    self.log
+                        .error(&format!("{name}: {error} (written through unchanged)"));
+                    self.tally.add("failed", &kind);
+                }
+            },
         }
     }
-    Ok(())
 }
 
 fn object_name(value: &Value, location: &str) -> String {
@@ -184,19 +286,84 @@ fn object_name(value: &Value, location: &str) -> String {
     format!("{location} {}/{name}", kind.to_lowercase())
 }
 
-fn unified_diff(file: &str, before: &[Document], after: &[Value]) -> String {
-    let before: Vec<Value> = before.iter().map(|d| d.value.clone()).collect();
-    let old = manifest::render(&before, Format::Yaml);
-    let new = manifest::render(after, Format::Yaml);
-    if old == new {
-        return String::new();
+/// The unified diff of one input, built document by document: the same hunks as a diff of
+/// the whole rendered input (`---` separators included), except that a hunk never spans two
+/// documents.
+struct FileDiff {
+    file: String,
+    /// Lines of the input's rendering before the next document, before and after.
+    old_lines: usize,
+    new_lines: usize,
+    documents: usize,
+    header_written: bool,
+}
+
+impl FileDiff {
+    fn new(file: &str) -> Self {
+        Self {
+            file: file.trim_start_matches('/').to_owned(),
+            old_lines: 0,
+            new_lines: 0,
+            documents: 0,
+            header_written: false,
+        }
     }
-    similar::TextDiff::from_lines(&old, &new)
-        .unified_diff()
-        .context_radius(3)
-        .header(
-            &format!("a/{}", file.trim_start_matches('/')),
-            &format!("b/{}", file.trim_start_matches('/')),
-        )
-        .to_string()
+
+    /// Adds one document's rendering before and after; returns whether they differ.
+    fn add(&mut self, before: &str, after: &str, out: &mut dyn Write) -> io::Result<bool> {
+        let separator = if self.documents > 0 { "---\n" } else { "" };
+        self.documents += 1;
+        let (old, new) = (
+            format!("{separator}{before}"),
+            format!("{separator}{after}"),
+        );
+        let (old_offset, new_offset) = (self.old_lines, self.new_lines);
+        self.old_lines += old.lines().count();
+        self.new_lines += new.lines().count();
+        if before == after {
+            return Ok(false);
+        }
+        if !self.header_written {
+            self.header_written = true;
+            writeln!(out, "--- a/{}\n+++ b/{}", self.file, self.file)?;
+        }
+        let diff = similar::TextDiff::from_lines(&old, &new);
+        for group in diff.grouped_ops(3) {
+            let (Some(first), Some(last)) = (group.first(), group.last()) else {
+                continue;
+            };
+            let old_range = first.old_range().start..last.old_range().end;
+            let new_range = first.new_range().start..last.new_range().end;
+            writeln!(
+                out,
+                "@@ -{} +{} @@",
+                hunk_range(old_offset + old_range.start, old_range.len()),
+                hunk_range(new_offset + new_range.start, new_range.len())
+            )?;
+            for op in &group {
+                for change in diff.iter_changes(op) {
+                    let sign = match change.tag() {
+                        similar::ChangeTag::Equal => ' ',
+                        similar::ChangeTag::Delete => '-',
+                        similar::ChangeTag::Insert => '+',
+                    };
+                    write!(out, "{sign}{}", change.value())?;
+                    if change.missing_newline() {
+                        writeln!(out)?;
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A hunk's range as unified diffs write it: `start,length` (1-based), `start` alone for one
+/// line, and the line before for none.
+fn hunk_range(start: usize, length: usize) -> String {
+    match length {
+        1 => format!("{}", start + 1),
+        0 => format!("{start},0"),
+        _ => format!("{},{length}", start + 1),
+    }
 }

@@ -2,13 +2,18 @@
 //! several documents, JSON objects and `List` objects. Documents are kept as raw JSON values in
 //! input order, so nothing the engine does not own is lost or reordered.
 
-use std::io::Read;
+use std::collections::VecDeque;
+use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
 use serde_json::Value;
 
 mod read;
+mod split;
 mod write;
+
+pub use split::Syntax;
 
 /// One document of one input.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,14 +25,14 @@ pub struct Document {
     pub value: Value,
 }
 
-/// Why an input could not be read.
+/// Why an input, or one document of it, could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     #[error("{source_name}: cannot read: {error}")]
     Read {
         source_name: String,
         #[source]
-        error: std::io::Error,
+        error: io::Error,
     },
     #[error("{source_name}: document {index}{}: {message}", line.map(|l| format!(", line {l}")).unwrap_or_default())]
     Parse {
@@ -38,9 +43,39 @@ pub enum InputError {
     },
 }
 
+/// The bounds every manifest is read within, so that no input can exhaust memory or the
+/// stack: see [docs/cli.md](../../docs/cli.md#limits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest document, in bytes; a larger one is reported, not read.
+    pub max_document_bytes: usize,
+    /// The deepest nesting of mappings and lists (JSON objects and arrays).
+    pub max_depth: usize,
+}
+
+/// 16 MiB: five times the API server's 3 MiB request limit, room for a `List` of many objects.
+pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 16 << 20;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
+            max_depth: 1000,
+        }
+    }
+}
+
+/// A document that could not be read: the error, and its text unless it was too large to keep
+/// (commands that promise to pass unreadable documents through write that text).
+#[derive(Debug)]
+pub struct Unreadable {
+    pub error: InputError,
+    pub text: Option<Vec<u8>>,
+}
+
 /// The files an input names: the file itself, or the `.yaml`, `.yml` and `.json` files below a
 /// directory, sorted by path.
-pub fn expand(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+pub fn expand(path: &Path) -> io::Result<Vec<PathBuf>> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
@@ -64,60 +99,240 @@ pub fn expand(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads one input (`-` is stdin) into its documents. A document that fails to parse ends the
-/// input (the parser cannot resynchronise); the documents before it are returned with the error.
-pub fn read(input: &Path) -> (Vec<Document>, Option<InputError>) {
-    let source_name = input.display().to_string();
-    let text = if source_name == "-" {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).map(|_| text)
-    } else {
-        std::fs::read_to_string(input)
-    };
-    match text {
-        Ok(text) => parse(&text, &source_name),
-        Err(error) => (Vec::new(), Some(InputError::Read { source_name, error })),
+/// The documents of one input, read and parsed one at a time: memory holds one document, not
+/// the input. A document that cannot be read is an [`Unreadable`] item; the next one is read
+/// as if it were not there (documents are split before they are parsed, see [`split`]).
+pub struct Documents {
+    source: String,
+    splitter: split::Splitter<Box<dyn BufRead>>,
+    limits: Limits,
+    next_index: usize,
+    queue: VecDeque<Value>,
+    /// Set after a read error: the input ends there.
+    failed: bool,
+    /// When not empty, documents whose text names none of these are skipped unparsed.
+    needles: Vec<Vec<u8>>,
+}
+
+impl Documents {
+    /// The documents of `reader`, named `source` in messages.
+    pub fn new(source: impl Into<String>, reader: Box<dyn BufRead>, limits: Limits) -> Self {
+        Self {
+            source: source.into(),
+            splitter: split::Splitter::new(reader, limits.max_document_bytes),
+            limits,
+            next_index: 0,
+            queue: VecDeque::new(),
+            failed: false,
+            needles: Vec::new(),
+        }
+    }
+
+    /// Only the documents whose text contains one of `words` (a `kind`, say), the others
+    /// skipped before they are parsed; unreadable documents are skipped too. For a first pass
+    /// that looks for a few kinds in a large input: positions ([`Document::index`]) are not
+    /// counted right after a skip.
+    pub fn only_naming(mut self, words: &[&str]) -> Self {
+        self.needles = words.iter().map(|word| word.as_bytes().to_vec()).collect();
+        self
+    }
+
+    /// The documents of a file, or of stdin for `-`.
+    pub fn open(path: &Path, limits: Limits) -> Result<Self, InputError> {
+        let source = path.display().to_string();
+        if source == "-" {
+            return Ok(Self::new(
+                source,
+                Box::new(io::BufReader::with_capacity(1 << 16, io::stdin())),
+                limits,
+            ));
+        }
+        Self::open_as(path, source, limits)
+    }
+
+    /// The documents of the file at `path`, named `source` (a spooled copy of stdin is `-`).
+    pub fn open_as(path: &Path, source: String, limits: Limits) -> Result<Self, InputError> {
+        match std::fs::File::open(path) {
+            Ok(file) => Ok(Self::new(
+                source,
+                Box::new(io::BufReader::with_capacity(1 << 16, file)),
+                limits,
+            )),
+            Err(error) => Err(InputError::Read {
+                source_name: source,
+                error,
+            }),
+        }
+    }
+
+    /// The input's name in messages.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn document(&mut self, value: Value) -> Document {
+        let index = self.next_index;
+        self.next_index += 1;
+        Document {
+            source: self.source.clone(),
+            index,
+            value,
+        }
+    }
+
+    fn unreadable(
+        &mut self,
+        line: Option<usize>,
+        message: String,
+        text: Option<Vec<u8>>,
+    ) -> Unreadable {
+        let index = self.next_index;
+        self.next_index += 1;
+        Unreadable {
+            error: InputError::Parse {
+                source_name: self.source.clone(),
+                index,
+                line,
+                message,
+            },
+            text,
+        }
+    }
+
+    /// Parses one raw document: its values, or the line (of the input) and the message.
+    fn parse(&self, raw: &split::RawDocument) -> Result<Vec<Value>, (usize, String)> {
+        if let Some(size) = raw.too_large {
+            return Err((
+                raw.line,
+                format!(
+                    "the document is {size} bytes, more than the limit of {} bytes (raise it \
+                     with --max-document-bytes)",
+                    self.limits.max_document_bytes
+                ),
+            ));
+        }
+        let text = std::str::from_utf8(&raw.text).map_err(|error| {
+            let valid = &raw.text[..error.valid_up_to()];
+            let line = raw.line + memchr::memchr_iter(b'\n', valid).count();
+            (
+                line,
+                "the text is not UTF-8 (manifests are UTF-8)".to_owned(),
+            )
+        })?;
+        match self.splitter.syntax() {
+            Some(Syntax::Json) => {
+                if raw.depth > self.limits.max_depth {
+                    return Err((raw.line, nested_too_deep(self.limits.max_depth)));
+                }
+                let mut deserializer = serde_json::Deserializer::from_str(text);
+                // The splitter measured the depth: within the limit, serde_json's own fixed
+                // limit of 128 need not apply.
+                deserializer.disable_recursion_limit();
+                let value = Value::deserialize(&mut deserializer)
+                    .and_then(|value| deserializer.end().map(|()| value))
+                    .map_err(|error| {
+                        (
+                            raw.line + error.line().saturating_sub(1),
+                            strip_location(&error.to_string()),
+                        )
+                    })?;
+                Ok(vec![value])
+            }
+            _ => {
+                let bounds = read::Bounds {
+                    max_depth: self.limits.max_depth,
+                    max_alias_bytes: self.limits.max_document_bytes,
+                };
+                read::read_yaml(text, bounds).map_err(|error| {
+                    // An error at the end of the text is on its last line, not the next.
+                    let last = raw.line + text.trim_end().lines().count().saturating_sub(1);
+                    let line = raw.line + error.line.saturating_sub(1);
+                    (line.min(last), error.message)
+                })
+            }
+        }
     }
 }
 
-/// Splits text into documents: a stream of JSON values when it starts with `{`, else a YAML
-/// stream. Empty documents (`---` with nothing after) are dropped, as kubectl does.
-pub fn parse(text: &str, source_name: &str) -> (Vec<Document>, Option<InputError>) {
-    let mut documents = Vec::new();
-    let parse_error = |index, line, message| InputError::Parse {
-        source_name: source_name.to_owned(),
-        index,
-        line,
-        message,
-    };
-    if text.trim_start().starts_with('{') {
-        for value in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
-            match value {
-                Ok(value) => documents.push(Document {
-                    source: source_name.to_owned(),
-                    index: documents.len(),
-                    value,
-                }),
+fn nested_too_deep(limit: usize) -> String {
+    format!("nested deeper than {limit} levels of mappings and lists (the reader's limit)")
+}
+
+impl Iterator for Documents {
+    type Item = Result<Document, Unreadable>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(value) = self.queue.pop_front() {
+                return Some(Ok(self.document(value)));
+            }
+            if self.failed {
+                return None;
+            }
+            let raw = match self.splitter.next_document() {
+                Ok(Some(raw)) => raw,
+                Ok(None) => return None,
                 Err(error) => {
-                    let message = strip_location(&error.to_string());
-                    let error = parse_error(documents.len(), Some(error.line()), message);
-                    return (documents, Some(error));
+                    self.failed = true;
+                    return Some(Err(Unreadable {
+                        error: InputError::Read {
+                            source_name: self.source.clone(),
+                            error,
+                        },
+                        text: None,
+                    }));
+                }
+            };
+            if !self.needles.is_empty()
+                && (raw.too_large.is_some()
+                    || !self
+                        .needles
+                        .iter()
+                        .any(|needle| memchr::memmem::find(&raw.text, needle).is_some()))
+            {
+                continue;
+            }
+            match self.parse(&raw) {
+                // Empty documents (`---` with nothing after, comments only) are dropped, as
+                // kubectl drops them.
+                Ok(values) => self
+                    .queue
+                    .extend(values.into_iter().filter(|v| !v.is_null())),
+                Err((line, message)) => {
+                    let text = raw.too_large.is_none().then_some(raw.text);
+                    return Some(Err(self.unreadable(Some(line), message, text)));
                 }
             }
         }
-        return (documents, None);
     }
-    // YAML as kubectl reads it (YAML 1.1 scalars, anchors, merge keys).
-    let (values, error) = read::read_documents(text);
-    for value in values {
-        documents.push(Document {
-            source: source_name.to_owned(),
-            index: documents.len(),
-            value,
-        });
+}
+
+/// Reads one input (`-` is stdin) whole: its documents and the errors of those that could not
+/// be read (see [`Documents`] to read one document at a time).
+pub fn read(input: &Path) -> (Vec<Document>, Vec<InputError>) {
+    match Documents::open(input, Limits::default()) {
+        Ok(documents) => collect(documents),
+        Err(error) => (Vec::new(), vec![error]),
     }
-    let error = error.map(|error| parse_error(error.document, Some(error.line), error.message));
-    (documents, error)
+}
+
+/// Splits text into documents (see [`read`]): a stream of JSON values when it starts with `{`,
+/// else a YAML stream; empty documents are dropped, as kubectl drops them.
+pub fn parse(text: &str, source_name: &str) -> (Vec<Document>, Vec<InputError>) {
+    let reader: Box<dyn BufRead> = Box::new(io::Cursor::new(text.as_bytes().to_vec()));
+    collect(Documents::new(source_name, reader, Limits::default()))
+}
+
+fn collect(documents: Documents) -> (Vec<Document>, Vec<InputError>) {
+    let mut read = Vec::new();
+    let mut errors = Vec::new();
+    for document in documents {
+        match document {
+            Ok(document) => read.push(document),
+            Err(unreadable) => errors.push(unreadable.error),
+        }
+    }
+    (read, errors)
 }
 
 /// One object of the inputs: its document, its position among the (leaf) items of a `List`
@@ -259,6 +474,115 @@ pub fn render(values: &[Value], format: Format) -> String {
     }
 }
 
+/// Writes documents one at a time, exactly as [`render`] writes them all at once: memory
+/// holds one document, not the output.
+pub struct DocumentWriter<W: Write> {
+    out: W,
+    format: Format,
+    written: usize,
+    /// JSON: the first object, held until a second one makes the output a `List`.
+    held: Option<Value>,
+}
+
+impl<W: Write> DocumentWriter<W> {
+    pub fn new(out: W, format: Format) -> Self {
+        Self {
+            out,
+            format,
+            written: 0,
+            held: None,
+        }
+    }
+
+    /// Writes one document.
+    pub fn write(&mut self, value: Value) -> io::Result<()> {
+        match self.format {
+            Format::Yaml => {
+                if self.written > 0 {
+                    self.out.write_all(b"---\n")?;
+                }
+                self.out.write_all(to_yaml(&value).as_bytes())?;
+            }
+            Format::Json => match self.written {
+                0 => self.held = Some(value),
+                1 => {
+                    self.out.write_all(LIST_START.as_bytes())?;
+                    let first = self.held.take().expect("the first object is held");
+                    self.write_item(&first)?;
+                    self.out.write_all(b",\n")?;
+                    self.write_item(&value)?;
+                }
+                _ => {
+                    self.out.write_all(b",\n")?;
+                    self.write_item(&value)?;
+                }
+            },
+        }
+        self.written += 1;
+        Ok(())
+    }
+
+    /// Writes a document's text as it came (YAML output only: an unreadable document cannot
+    /// be part of JSON output); returns whether it was written.
+    pub fn write_raw(&mut self, text: &[u8]) -> io::Result<bool> {
+        if self.format == Format::Json {
+            return Ok(false);
+        }
+        if self.written > 0 && !text.starts_with(b"---") {
+            self.out.write_all(b"---\n")?;
+        }
+        self.out.write_all(text)?;
+        if !text.ends_with(b"\n") {
+            self.out.write_all(b"\n")?;
+        }
+        self.written += 1;
+        Ok(true)
+    }
+
+    /// Ends the output (JSON: closes the `List`, or writes the one object, or an empty
+    /// `List`, so JSON output is always one JSON document) and returns the writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        if self.format == Format::Json {
+            match self.written {
+                0 => self.out.write_all(
+                    b"{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"List\",\n  \"items\": []\n}\n",
+                )?,
+                1 => {
+                    let value = self.held.take().expect("the one object is held");
+                    self.out
+                        .write_all(render(&[value], Format::Json).as_bytes())?;
+                }
+                _ => self.out.write_all(b"\n  ]\n}\n")?,
+            }
+        }
+        self.out.flush()?;
+        Ok(self.out)
+    }
+
+    fn write_item(&mut self, value: &Value) -> io::Result<()> {
+        self.out.write_all(indented_json(value, 4).as_bytes())
+    }
+}
+
+/// A value as pretty JSON with every line indented by `indent` spaces (no line break at the
+/// end): an item of a pretty-printed array, written on its own.
+pub fn indented_json(value: &impl serde::Serialize, indent: usize) -> String {
+    let text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    let margin = " ".repeat(indent);
+    // JSON strings hold no raw line breaks, so indenting every line is exact.
+    let mut indented = String::with_capacity(text.len() + text.len() / 8);
+    for (number, line) in text.lines().enumerate() {
+        if number > 0 {
+            indented.push('\n');
+        }
+        indented.push_str(&margin);
+        indented.push_str(line);
+    }
+    indented
+}
+
+const LIST_START: &str = "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"List\",\n  \"items\": [\n";
+
 /// One value as a YAML document.
 pub fn to_yaml(value: &Value) -> String {
     write::to_string(value)
@@ -319,8 +643,8 @@ mod tests {
 
     #[test]
     fn yaml_streams_keep_order_and_drop_empty_documents() {
-        let (documents, error) = parse("---\na: 1\n---\n---\nb: 2\n", "x.yaml");
-        assert!(error.is_none());
+        let (documents, errors) = parse("---\na: 1\n---\n---\nb: 2\n", "x.yaml");
+        assert!(errors.is_empty());
         let values: Vec<&Value> = documents.iter().map(|d| &d.value).collect();
         assert_eq!(
             values,
@@ -331,18 +655,119 @@ mod tests {
 
     #[test]
     fn a_broken_document_is_reported_with_its_index_and_line() {
-        let (documents, error) = parse("a: 1\n---\nb: [1,\n", "x.yaml");
+        let (documents, errors) = parse("a: 1\n---\nb: [1,\n", "x.yaml");
         assert_eq!(documents.len(), 1);
-        let text = error.unwrap().to_string();
+        let text = errors[0].to_string();
         assert!(text.starts_with("x.yaml: document 1, line "), "{text}");
     }
 
     #[test]
     fn json_streams_are_read() {
-        let (documents, error) = parse("{\"a\": 1}\n{\"b\": 2}", "x.json");
-        assert!(error.is_none());
+        let (documents, errors) = parse("{\"a\": 1}\n{\"b\": 2}", "x.json");
+        assert!(errors.is_empty());
         assert_eq!(documents.len(), 2);
-        let (_, error) = parse("{\"a\": ", "x.json");
-        assert!(error.unwrap().to_string().contains("document 0, line 1"));
+        let (_, errors) = parse("{\"a\": ", "x.json");
+        assert!(
+            errors[0].to_string().contains("document 0, line 1"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_broken_document_costs_only_itself() {
+        let text = "a: 1\n---\nb: [1,\n  c: {\n---\nd: 4\n---\ne: &x 1\nf: *y\n---\ng: 7\n";
+        let (documents, errors) = parse(text, "x.yaml");
+        let values: Vec<&Value> = documents.iter().map(|d| &d.value).collect();
+        assert_eq!(
+            values,
+            vec![&json!({"a": 1}), &json!({"d": 4}), &json!({"g": 7})]
+        );
+        let indices: Vec<usize> = documents.iter().map(|d| d.index).collect();
+        assert_eq!(indices, vec![0, 2, 4]);
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with("x.yaml: document 1, line 4: "),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("x.yaml: document 3, line 9: ")
+                && errors[1].contains("unknown anchor"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn json_documents_are_independent_and_bounded_in_depth() {
+        let deep = "[".repeat(1001) + &"]".repeat(1001);
+        let text = format!(
+            "{{\"a\": 1}}\n{{\"b\": 2,}}\n{deep}\n{{\"c\": {}}}\n",
+            "[".repeat(500) + &"]".repeat(500)
+        );
+        let (documents, errors) = parse(&text, "x.json");
+        assert_eq!(documents.len(), 2, "{errors:?}");
+        assert_eq!(documents[1].index, 3);
+        assert!(
+            errors[0]
+                .to_string()
+                .starts_with("x.json: document 1, line 2:"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].to_string().contains("nested deeper than 1000"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn non_utf8_text_is_one_unreadable_document() {
+        let reader: Box<dyn BufRead> =
+            Box::new(io::Cursor::new(b"a: 1\n---\nb: \xff\n---\nc: 3\n".to_vec()));
+        let items: Vec<_> = Documents::new("x.yaml", reader, Limits::default()).collect();
+        assert_eq!(items.len(), 3);
+        let Err(unreadable) = &items[1] else {
+            panic!("{items:?}")
+        };
+        assert!(
+            unreadable
+                .error
+                .to_string()
+                .contains("line 3: the text is not UTF-8"),
+            "{unreadable:?}"
+        );
+        assert_eq!(unreadable.text.as_deref(), Some(&b"---\nb: \xff\n"[..]));
+    }
+
+    #[test]
+    fn the_streaming_writer_writes_what_render_writes() {
+        let values = [
+            json!({"a": 1, "b": [1, {"c": "x\ny"}]}),
+            json!({"d": 2}),
+            json!({"e": 3}),
+        ];
+        for format in [Format::Yaml, Format::Json] {
+            for count in 1..=values.len() {
+                let mut writer = DocumentWriter::new(Vec::new(), format);
+                for value in &values[..count] {
+                    writer.write(value.clone()).unwrap();
+                }
+                let written = String::from_utf8(writer.finish().unwrap()).unwrap();
+                assert_eq!(
+                    written,
+                    render(&values[..count], format),
+                    "{format:?} {count}"
+                );
+            }
+        }
+        let empty = String::from_utf8(
+            DocumentWriter::new(Vec::new(), Format::Json)
+                .finish()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&empty).unwrap(),
+            json!({"apiVersion": "v1", "kind": "List", "items": []})
+        );
     }
 }

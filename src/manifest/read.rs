@@ -11,57 +11,110 @@
 use std::collections::HashMap;
 
 use serde_json::{Map, Number, Value};
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser, Tag};
+use yaml_rust2::parser::{Event, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
-/// Why a YAML stream could not be read.
+/// Why a document could not be read: the 1-based line in the text given, and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadError {
-    /// The 0-based index of the document the error is in.
-    pub document: usize,
-    /// 1-based line.
     pub line: usize,
     pub message: String,
 }
 
-/// Reads every document of a YAML stream. Empty documents are dropped. On an error, the
-/// documents before it are returned with it.
-pub fn read_documents(text: &str) -> (Vec<Value>, Option<ReadError>) {
-    let mut builder = Builder::default();
-    let result = Parser::new_from_str(text).load(&mut builder, true);
-    // Document indices count the documents kept (empty ones are dropped).
-    let index = builder.documents.iter().filter(|d| !d.is_null()).count();
-    let error = match (result, builder.error.take()) {
-        (Err(error), _) => Some(ReadError {
-            document: index,
-            line: error.marker().line(),
-            message: error.info().to_owned(),
-        }),
-        (Ok(()), Some((line, message))) => Some(ReadError {
-            document: index,
-            line,
-            message,
-        }),
-        (Ok(()), None) => None,
+/// The bounds a document is read within.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// The deepest nesting of mappings and lists.
+    pub max_depth: usize,
+    /// The most bytes that alias expansion may copy (scalar text and a few bytes per node).
+    pub max_alias_bytes: usize,
+}
+
+/// go-yaml's rule against "billion laughs" documents (`gopkg.in/yaml.v2` and `yaml.v3`
+/// `decode.go`, `allowedAliasRatio`, the decoder under sigs.k8s.io/yaml and so kubectl): once
+/// more than 100 nodes came from aliases and more than 1,000 were decoded, the share that
+/// came from aliases may be at most 99% for up to 400,000 decoded nodes, falling linearly to
+/// 10% at 4,000,000. Checked after each alias, which is where go-yaml's per-node check first
+/// fails too (the share only grows while an alias expands).
+fn excessive_aliasing(alias_nodes: usize, decoded_nodes: usize) -> bool {
+    const LOW: f64 = 400_000.0;
+    const HIGH: f64 = 4_000_000.0;
+    if alias_nodes <= 100 || decoded_nodes <= 1000 {
+        return false;
+    }
+    let decoded = decoded_nodes as f64;
+    let allowed = if decoded <= LOW {
+        0.99
+    } else if decoded >= HIGH {
+        0.10
+    } else {
+        0.99 - 0.89 * ((decoded - LOW) / (HIGH - LOW))
     };
-    let documents = builder
+    alias_nodes as f64 / decoded > allowed
+}
+
+/// Reads every document of a YAML text (usually one: the splitter cuts at `---`; several when
+/// `...` ends one and another follows). Empty documents are dropped. The first error ends the
+/// reading: the text is then one unreadable document.
+pub fn read_yaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
+    let mut builder = Builder {
+        bounds,
+        ..Builder::default()
+    };
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        let (event, marker) = parser.next_token().map_err(|error| ReadError {
+            line: error.marker().line(),
+            message: scan_message(text, error.marker(), error.info()),
+        })?;
+        if event == Event::StreamEnd {
+            break;
+        }
+        builder.on_event(event, marker)?;
+    }
+    Ok(builder
         .documents
         .into_iter()
         .filter(|document| !document.is_null())
-        .collect();
-    (documents, error)
+        .collect())
+}
+
+/// yaml-rust2's message, and what it means when a tab is at fault (yaml-rust2 says "found
+/// character that cannot start any token" or speaks of tabs in indentation).
+fn scan_message(text: &str, marker: &Marker, info: &str) -> String {
+    let line = text
+        .lines()
+        .nth(marker.line().saturating_sub(1))
+        .unwrap_or("");
+    let indentation = &line[..line.len() - line.trim_start().len()];
+    let tab = line
+        .chars()
+        .nth(marker.col())
+        .filter(|c| *c == '\t')
+        .map(|_| marker.col())
+        .or_else(|| indentation.find('\t'));
+    match tab {
+        Some(column) if info.contains("token") || info.contains("tab") => format!(
+            "a tab character at line {}, column {}: YAML indentation must use spaces, not tabs",
+            marker.line(),
+            column + 1
+        ),
+        _ => info.to_owned(),
+    }
 }
 
 enum Frame {
     Sequence {
         items: Vec<Value>,
         anchor: usize,
+        size: Size,
     },
     Mapping {
         entries: Map<String, Value>,
         /// The key waiting for its value; `None` when the next node is a key.
         key: Option<Key>,
         anchor: usize,
+        size: Size,
     },
 }
 
@@ -70,118 +123,241 @@ enum Key {
     Merge,
 }
 
+/// How much a node holds, counted as go-yaml counts decoded nodes.
+#[derive(Clone, Copy, Default)]
+struct Size {
+    nodes: usize,
+    bytes: usize,
+}
+
+impl Size {
+    fn add(&mut self, other: Size) {
+        self.nodes += other.nodes;
+        self.bytes += other.bytes;
+    }
+}
+
+/// Bytes counted per node besides its text (a rough JSON value's footprint).
+const NODE_BYTES: usize = 16;
+
 #[derive(Default)]
 struct Builder {
+    bounds: Bounds,
     stack: Vec<Frame>,
-    anchors: HashMap<usize, Value>,
+    anchors: HashMap<usize, (Value, Size)>,
     documents: Vec<Value>,
-    /// A semantic error (the events were well formed): line and message.
-    error: Option<(usize, String)>,
+    decoded_nodes: usize,
+    alias_nodes: usize,
+    alias_bytes: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_depth: 1000,
+            max_alias_bytes: 16 << 20,
+        }
+    }
+}
+
+fn error(marker: Marker, message: impl Into<String>) -> ReadError {
+    ReadError {
+        line: marker.line(),
+        message: message.into(),
+    }
 }
 
 impl Builder {
     /// Adds a finished node to its parent; `key_text` is the node's own text when it is a
     /// scalar (mapping keys are strings, taken as written).
-    fn push(&mut self, value: Value, key_text: Option<(String, bool)>, marker: Marker) {
-        match self.stack.last_mut() {
-            None => self.documents.push(value),
-            Some(Frame::Sequence { items, .. }) => items.push(value),
-            Some(Frame::Mapping { entries, key, .. }) => match key.take() {
-                None => {
-                    // Keys resolve like values and become strings, as sigs.k8s.io/yaml
-                    // makes them: `yes:` is "true", `0755:` is "493".
-                    *key = Some(match (key_text, value) {
-                        (Some((text, true)), _) if text == "<<" => Key::Merge,
-                        (_, Value::String(text)) => Key::Text(text),
-                        (_, Value::Bool(flag)) => Key::Text(flag.to_string()),
-                        (_, Value::Number(number)) => Key::Text(number.to_string()),
-                        (_, Value::Null) => {
-                            self.error
-                                .get_or_insert((marker.line(), "a null mapping key".to_owned()));
-                            Key::Text(String::new())
-                        }
-                        (_, collection) => {
-                            self.error.get_or_insert((
-                                marker.line(),
-                                "a mapping or list as a mapping key cannot be JSON".to_owned(),
-                            ));
-                            Key::Text(collection.to_string())
-                        }
-                    });
-                }
-                Some(Key::Text(name)) => {
-                    entries.insert(name, value);
-                }
-                // go-yaml v2 merges where `<<` stands: it overwrites keys written before it,
-                // keys after it overwrite the merged ones, and of several sources the first
-                // wins (they are applied last to first).
-                Some(Key::Merge) => match value {
-                    Value::Object(source) => entries.extend(source),
-                    Value::Array(sources) if sources.iter().all(Value::is_object) => {
-                        for source in sources.into_iter().rev() {
-                            if let Value::Object(source) = source {
-                                entries.extend(source);
+    fn push(
+        &mut self,
+        value: Value,
+        size: Size,
+        key_text: Option<(String, bool)>,
+        marker: Marker,
+    ) -> Result<(), ReadError> {
+        let Some(frame) = self.stack.last_mut() else {
+            self.documents.push(value);
+            return Ok(());
+        };
+        match frame {
+            Frame::Sequence {
+                items, size: total, ..
+            } => {
+                total.add(size);
+                items.push(value);
+            }
+            Frame::Mapping {
+                entries,
+                key,
+                size: total,
+                ..
+            } => {
+                total.add(size);
+                match key.take() {
+                    None => {
+                        // Keys resolve like values and become strings, as sigs.k8s.io/yaml
+                        // makes them: `yes:` is "true", `0755:` is "493".
+                        *key = Some(match (key_text, value) {
+                            (Some((text, true)), _) if text == "<<" => Key::Merge,
+                            (_, Value::String(text)) => Key::Text(text),
+                            (_, Value::Bool(flag)) => Key::Text(flag.to_string()),
+                            (_, Value::Number(number)) => Key::Text(number.to_string()),
+                            (_, Value::Null) => return Err(error(marker, "a null mapping key")),
+                            (_, _) => {
+                                return Err(error(
+                                    marker,
+                                    "a mapping or list as a mapping key cannot be JSON",
+                                ));
+                            }
+                        });
+                    }
+                    Some(Key::Text(name)) => {
+                        entries.insert(name, value);
+                    }
+                    // go-yaml v2 merges where `<<` stands: it overwrites keys written before
+                    // it, keys after it overwrite the merged ones, and of several sources the
+                    // first wins (they are applied last to first).
+                    Some(Key::Merge) => match value {
+                        Value::Object(source) => entries.extend(source),
+                        Value::Array(sources) if sources.iter().all(Value::is_object) => {
+                            for source in sources.into_iter().rev() {
+                                if let Value::Object(source) = source {
+                                    entries.extend(source);
+                                }
                             }
                         }
-                    }
-                    _ => {
-                        self.error.get_or_insert((
-                            marker.line(),
-                            "a << merge key needs a mapping or a list of mappings".to_owned(),
-                        ));
-                    }
-                },
-            },
+                        _ => {
+                            return Err(error(
+                                marker,
+                                "a << merge key needs a mapping or a list of mappings",
+                            ));
+                        }
+                    },
+                }
+            }
         }
+        Ok(())
     }
 
-    fn anchored(&mut self, anchor: usize, value: &Value) {
+    fn anchored(&mut self, anchor: usize, value: &Value, size: Size) {
         if anchor != 0 {
-            self.anchors.insert(anchor, value.clone());
+            self.anchors.insert(anchor, (value.clone(), size));
         }
     }
-}
 
-impl MarkedEventReceiver for Builder {
-    fn on_event(&mut self, event: Event, marker: Marker) {
+    fn open(&mut self, frame: Frame, marker: Marker) -> Result<(), ReadError> {
+        if self.stack.len() >= self.bounds.max_depth {
+            return Err(error(
+                marker,
+                format!(
+                    "nested deeper than {} levels of mappings and lists (the reader's limit)",
+                    self.bounds.max_depth
+                ),
+            ));
+        }
+        self.decoded_nodes += 1;
+        self.stack.push(frame);
+        Ok(())
+    }
+
+    fn on_event(&mut self, event: Event, marker: Marker) -> Result<(), ReadError> {
         match event {
             Event::Scalar(text, style, anchor, tag) => {
                 let plain = style == TScalarStyle::Plain;
                 let value = resolve(&text, plain, tag.as_ref());
-                self.anchored(anchor, &value);
-                self.push(value, Some((text, plain)), marker);
+                let size = Size {
+                    nodes: 1,
+                    bytes: NODE_BYTES + text.len(),
+                };
+                self.decoded_nodes += 1;
+                self.anchored(anchor, &value, size);
+                self.push(value, size, Some((text, plain)), marker)?;
             }
             Event::Alias(anchor) => {
-                let value = self.anchors.get(&anchor).cloned().unwrap_or_else(|| {
-                    self.error
-                        .get_or_insert((marker.line(), "an alias to an unknown anchor".to_owned()));
-                    Value::Null
-                });
-                self.push(value, None, marker);
-            }
-            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Sequence {
-                items: Vec::new(),
-                anchor,
-            }),
-            Event::MappingStart(anchor, _) => self.stack.push(Frame::Mapping {
-                entries: Map::new(),
-                key: None,
-                anchor,
-            }),
-            Event::SequenceEnd | Event::MappingEnd => {
-                let (value, anchor) = match self.stack.pop() {
-                    Some(Frame::Sequence { items, anchor }) => (Value::Array(items), anchor),
-                    Some(Frame::Mapping {
-                        entries, anchor, ..
-                    }) => (Value::Object(entries), anchor),
-                    None => return,
+                let Some((value, size)) = self.anchors.get(&anchor) else {
+                    return Err(error(marker, "an alias to an unknown anchor"));
                 };
-                self.anchored(anchor, &value);
-                self.push(value, None, marker);
+                let size = *size;
+                // Counted before the copy is made, so a bomb is refused before it costs.
+                self.decoded_nodes += 1 + size.nodes;
+                self.alias_nodes += size.nodes;
+                self.alias_bytes += size.bytes;
+                if excessive_aliasing(self.alias_nodes, self.decoded_nodes) {
+                    return Err(error(
+                        marker,
+                        format!(
+                            "excessive aliasing: {} of the {} nodes read so far are copies made \
+                             by aliases (the limit is kubectl's: at most 99% up to 400,000 \
+                             nodes, down to 10% at 4,000,000)",
+                            self.alias_nodes, self.decoded_nodes
+                        ),
+                    ));
+                }
+                if self.alias_bytes > self.bounds.max_alias_bytes {
+                    return Err(error(
+                        marker,
+                        format!(
+                            "excessive aliasing: aliases copy more than {} bytes (the limit is \
+                             the document size limit)",
+                            self.bounds.max_alias_bytes
+                        ),
+                    ));
+                }
+                let value = value.clone();
+                self.push(value, size, None, marker)?;
             }
-            Event::DocumentStart => self.anchors.clear(),
+            Event::SequenceStart(anchor, _) => self.open(
+                Frame::Sequence {
+                    items: Vec::new(),
+                    anchor,
+                    size: Size {
+                        nodes: 1,
+                        bytes: NODE_BYTES,
+                    },
+                },
+                marker,
+            )?,
+            Event::MappingStart(anchor, _) => self.open(
+                Frame::Mapping {
+                    entries: Map::new(),
+                    key: None,
+                    anchor,
+                    size: Size {
+                        nodes: 1,
+                        bytes: NODE_BYTES,
+                    },
+                },
+                marker,
+            )?,
+            Event::SequenceEnd | Event::MappingEnd => {
+                let (value, anchor, size) = match self.stack.pop() {
+                    Some(Frame::Sequence {
+                        items,
+                        anchor,
+                        size,
+                    }) => (Value::Array(items), anchor, size),
+                    Some(Frame::Mapping {
+                        entries,
+                        anchor,
+                        size,
+                        ..
+                    }) => (Value::Object(entries), anchor, size),
+                    None => return Ok(()),
+                };
+                self.anchored(anchor, &value, size);
+                self.push(value, size, None, marker)?;
+            }
+            Event::DocumentStart => {
+                self.anchors.clear();
+                self.decoded_nodes = 0;
+                self.alias_nodes = 0;
+                self.alias_bytes = 0;
+            }
             _ => {}
         }
+        Ok(())
     }
 }
 
@@ -316,8 +492,7 @@ mod tests {
     use serde_json::json;
 
     fn one(text: &str) -> Value {
-        let (documents, error) = read_documents(text);
-        assert_eq!(error, None);
+        let documents = read_yaml(text, Bounds::default()).unwrap();
         assert_eq!(documents.len(), 1);
         documents.into_iter().next().unwrap()
     }
@@ -368,19 +543,66 @@ mod tests {
             value["data"],
             json!({"true": "a", "493": "b", "1.1": "c", "y": "d"})
         );
-        let (_, error) = read_documents("a:\n  ~: 1\n");
-        assert!(error.unwrap().message.contains("null mapping key"));
+        let error = read_yaml("a:\n  ~: 1\n", Bounds::default()).unwrap_err();
+        assert!(error.message.contains("null mapping key"));
     }
 
     #[test]
     fn documents_and_errors() {
-        let (documents, error) = read_documents("---\na: 1\n---\n---\nb: [1\n");
-        assert_eq!(documents, vec![json!({"a": 1})]);
-        let error = error.unwrap();
-        assert_eq!(error.document, 1);
+        let error = read_yaml("---\na: 1\n---\n---\nb: [1\n", Bounds::default()).unwrap_err();
         assert!(error.line >= 5, "{error:?}");
-        let (documents, error) = read_documents("a: 1\n---\nb: 2\n...\n");
-        assert_eq!(error, None);
+        let documents = read_yaml("a: 1\n...\nb: 2\n...\n", Bounds::default()).unwrap();
         assert_eq!(documents, vec![json!({"a": 1}), json!({"b": 2})]);
+    }
+
+    #[test]
+    fn a_billion_laughs_is_refused_by_go_yamls_alias_rule() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..10 {
+            let previous = format!("*a{}", level - 1);
+            text.push_str(&format!(
+                "a{level}: &a{level} [{}]\n",
+                [previous.as_str(); 10].join(", ")
+            ));
+        }
+        let error = read_yaml(&text, Bounds::default()).unwrap_err();
+        assert!(error.message.starts_with("excessive aliasing"), "{error:?}");
+        // A few aliases, as real manifests use them, are fine.
+        let value = one("base: &b {cpu: 1}\na: *b\nb: *b\n");
+        assert_eq!(value["b"], json!({"cpu": 1}));
+    }
+
+    #[test]
+    fn aliases_of_a_long_text_are_bounded_by_bytes() {
+        let text = format!(
+            "big: &big \"{}\"\ncopies: [{}]\n",
+            "x".repeat(1 << 20),
+            ["*big"; 40].join(", ")
+        );
+        let error = read_yaml(&text, Bounds::default()).unwrap_err();
+        assert!(error.message.contains("bytes"), "{error:?}");
+    }
+
+    #[test]
+    fn nesting_deeper_than_the_limit_is_refused_not_overflowing_the_stack() {
+        let deep = "- ".repeat(100_000) + "x\n";
+        let error = read_yaml(&deep, Bounds::default()).unwrap_err();
+        assert!(
+            error.message.contains("nested deeper than 1000"),
+            "{error:?}"
+        );
+        let flow = "[".repeat(100_000);
+        assert!(read_yaml(&flow, Bounds::default()).is_err());
+        let fine = "- ".repeat(999) + "x\n";
+        assert!(read_yaml(&fine, Bounds::default()).is_ok());
+    }
+
+    #[test]
+    fn a_tab_is_named_as_a_tab() {
+        let error = read_yaml("a:\n\tb: 1\n", Bounds::default()).unwrap_err();
+        assert!(
+            error.message.contains("tab character at line 2"),
+            "{error:?}"
+        );
     }
 }

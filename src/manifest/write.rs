@@ -211,9 +211,9 @@ mod tests {
         assert!(text.is_ascii(), "{text}");
         let back: Value = serde_norway::from_str(&text).unwrap();
         assert_eq!(back, value, "{text}");
-        let (documents, error) = crate::manifest::read::read_documents(&text);
-        assert_eq!(error, None);
-        assert_eq!(documents, vec![value]);
+        let documents =
+            crate::manifest::read::read_yaml(&text, crate::manifest::read::Bounds::default());
+        assert_eq!(documents, Ok(vec![value]));
     }
 
     #[test]

@@ -74,6 +74,6 @@ pub fn manifest(path: &str) -> Value {
     let path = format!("{}/tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap();
     let (documents, error) = gpu_guard::manifest::parse(&text, &path);
-    assert!(error.is_none(), "{error:?}");
+    assert!(error.is_empty(), "{error:?}");
     documents[0].value.clone()
 }

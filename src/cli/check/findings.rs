@@ -9,6 +9,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cli::tally;
 use crate::guard::{self, Allowed, ClusterView, GuardedKind, Priority, StaticView, Verdict};
 use crate::manifest::Object;
 use crate::mutate::object;
@@ -62,56 +63,86 @@ pub struct Checked {
     pub findings: Vec<Finding>,
     /// Inputs that could not be read or decoded.
     pub errors: Vec<String>,
+    /// Objects of kinds the guard does not judge.
+    pub not_judged: Vec<NotJudged>,
 }
 
-impl Checked {
-    /// Whether anything would be denied.
-    pub fn denied(&self) -> bool {
-        self.findings.iter().any(|f| f.verdict == "denied")
-    }
+/// An object of a kind the guard does not judge.
+#[derive(Debug)]
+pub struct NotJudged {
+    pub kind: String,
+    /// Where it is and its name, for a warning.
+    pub name: String,
+    /// `kubeflow.org/v1 PyTorchJob`.
+    pub api_kind: String,
+    /// Whether it carries pod templates (then the guard's silence deserves a warning).
+    pub carries_pod_template: bool,
+    /// Whether it is one of the cluster facts [`learn`] reads.
+    pub is_fact: bool,
 }
 
-/// Adds the PriorityClass, Node and DRA (ResourceClaimTemplate, ResourceClaim, DeviceClass)
-/// objects among `objects` to `view`; returns the errors of those that cannot be read.
-pub fn learn(view: &mut StaticView, objects: &[Object<'_>]) -> Vec<String> {
-    let mut errors = Vec::new();
-    for object in objects {
-        let value = &object.value;
-        let api_version = value.get("apiVersion").and_then(Value::as_str);
-        let kind = value.get("kind").and_then(Value::as_str);
-        match (api_version, kind) {
-            (Some("scheduling.k8s.io/v1"), Some("PriorityClass")) => {
-                let name = value.pointer("/metadata/name").and_then(Value::as_str);
-                let class_value = value
-                    .get("value")
-                    .and_then(Value::as_i64)
-                    .and_then(|v| i32::try_from(v).ok());
-                match (name, class_value) {
-                    (Some(name), Some(class_value)) => view.add_priority_class(
-                        name,
-                        class_value,
-                        value.get("globalDefault").and_then(Value::as_bool) == Some(true),
-                    ),
-                    _ => errors.push(format!(
-                        "{}: a PriorityClass needs metadata.name and an integer value",
+/// The words the first pass looks for: the kinds [`learn`] reads.
+pub const FACT_KINDS: &[&str] = &["PriorityClass", "Node", "ResourceClaim", "DeviceClass"];
+
+/// Adds a PriorityClass, Node or DRA (ResourceClaimTemplate, ResourceClaim, DeviceClass)
+/// object to `view`; any other object is ignored. An error says why such an object cannot be
+/// read.
+pub fn learn(view: &mut StaticView, object: &Object<'_>) -> Result<(), String> {
+    let value = &object.value;
+    let api_version = value.get("apiVersion").and_then(Value::as_str);
+    let kind = value.get("kind").and_then(Value::as_str);
+    match (api_version, kind) {
+        (Some("scheduling.k8s.io/v1"), Some("PriorityClass")) => {
+            let name = value.pointer("/metadata/name").and_then(Value::as_str);
+            let class_value = value
+                .get("value")
+                .and_then(Value::as_i64)
+                .and_then(|v| i32::try_from(v).ok());
+            match (name, class_value) {
+                (Some(name), Some(class_value)) => view.add_priority_class(
+                    name,
+                    class_value,
+                    value.get("globalDefault").and_then(Value::as_bool) == Some(true),
+                ),
+                _ => {
+                    return Err(format!(
+                        "{}: a PriorityClass needs metadata.name and a whole-number value \
+                         between -2147483648 and 1000000000",
                         object.location()
-                    )),
+                    ));
                 }
             }
-            (Some("v1"), Some("Node")) => match serde_json::from_value(value.clone()) {
-                Ok(node) => view.add_node(node),
-                Err(error) => errors.push(format!(
+        }
+        (Some("v1"), Some("Node")) => match serde_json::from_value(value.clone()) {
+            Ok(node) => view.add_node(node),
+            Err(error) => {
+                return Err(format!(
                     "{}: cannot read the Node: {error}",
                     object.location()
-                )),
-            },
-            // ResourceClaimTemplates, ResourceClaims and DeviceClasses: to resolve DRA claims.
-            _ => {
-                view.add_dra_object(value);
+                ));
             }
+        },
+        // ResourceClaimTemplates, ResourceClaims and DeviceClasses: to resolve DRA claims.
+        _ => {
+            view.add_dra_object(value);
         }
     }
-    errors
+    Ok(())
+}
+
+/// Whether an object is one of the cluster facts [`learn`] reads.
+fn is_fact(value: &Value) -> bool {
+    let api_version = value.get("apiVersion").and_then(Value::as_str);
+    let group = api_version
+        .and_then(|v| v.rsplit_once('/'))
+        .map(|(group, _)| group);
+    match (api_version, value.get("kind").and_then(Value::as_str)) {
+        (Some("scheduling.k8s.io/v1"), Some("PriorityClass")) | (Some("v1"), Some("Node")) => true,
+        (_, Some("ResourceClaimTemplate" | "ResourceClaim" | "DeviceClass")) => {
+            group == Some("resource.k8s.io")
+        }
+        _ => false,
+    }
 }
 
 /// Judges every guarded object (and reports what `mutate` would change on Jobs and CronJobs).
@@ -131,6 +162,20 @@ pub fn check(
             .zip(kind)
             .and_then(|(api_version, kind)| GuardedKind::from_api_version(api_version, kind))
         else {
+            checked.not_judged.push(NotJudged {
+                kind: tally::kind_of(value).to_owned(),
+                name: format!(
+                    "{} {}",
+                    object.location(),
+                    value
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("<unnamed>")
+                ),
+                api_kind: tally::api_kind(value),
+                carries_pod_template: tally::carries_pod_template(value),
+                is_fact: is_fact(value),
+            });
             continue;
         };
         let object_namespace = guarded
@@ -230,88 +275,69 @@ pub fn check(
     checked
 }
 
-/// The text report: one line per object, the explanation indented below it, and a summary.
-pub fn render_text(checked: &Checked) -> String {
+/// One object's lines of the text report: the object and its verdict, the explanation
+/// indented below it.
+pub fn render_finding(finding: &Finding) -> String {
     let mut text = String::new();
-    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for finding in &checked.findings {
-        *counts.entry(finding.verdict).or_default() += 1;
-        let verdict = match finding.verdict {
-            "denied" => "DENIED",
-            other => other,
-        };
-        let location = match finding.item {
-            Some(item) => format!(
-                "{} (document {}, item {item})",
-                finding.source, finding.document
-            ),
-            None => format!("{} (document {})", finding.source, finding.document),
-        };
-        // A cluster-scoped object (a ClusterTrainingRuntime) has no namespace to show.
-        let object = if finding.namespace.is_empty() {
-            finding.name.clone()
-        } else {
-            format!("{}/{}", finding.namespace, finding.name)
-        };
-        text.push_str(&format!("{location} {} {object}: {verdict}", finding.kind));
-        if finding.verdict == "allowed"
-            && let (Some(priority), Some(minimum)) = (finding.priority, finding.minimum)
-        {
-            text.push_str(&format!(
-                " (targets GPU nodes; priority {priority} >= {minimum})"
-            ));
-        }
-        text.push('\n');
-        if let Some(message) = &finding.message {
-            text.push_str(&format!("  {message}\n"));
-        }
-        if let Some(mutation) = &finding.mutation {
-            text.push_str(&format!("  mutate would: {mutation}\n"));
-        }
+    let verdict = match finding.verdict {
+        "denied" => "DENIED",
+        other => other,
+    };
+    let location = match finding.item {
+        Some(item) => format!(
+            "{} (document {}, item {item})",
+            finding.source, finding.document
+        ),
+        None => format!("{} (document {})", finding.source, finding.document),
+    };
+    // A cluster-scoped object (a ClusterTrainingRuntime) has no namespace to show.
+    let object = if finding.namespace.is_empty() {
+        finding.name.clone()
+    } else {
+        format!("{}/{}", finding.namespace, finding.name)
+    };
+    text.push_str(&format!("{location} {} {object}: {verdict}", finding.kind));
+    if finding.verdict == "allowed"
+        && let (Some(priority), Some(minimum)) = (finding.priority, finding.minimum)
+    {
+        text.push_str(&format!(
+            " (targets GPU nodes; priority {priority} >= {minimum})"
+        ));
     }
-    let summary: Vec<String> = counts
-        .iter()
-        .map(|(verdict, count)| format!("{count} {verdict}"))
-        .collect();
-    text.push_str(&format!(
-        "{} object(s) checked{}{}\n",
-        checked.findings.len(),
-        if summary.is_empty() { "" } else { ": " },
-        summary.join(", ")
-    ));
+    text.push('\n');
+    if let Some(message) = &finding.message {
+        text.push_str(&format!("  {message}\n"));
+    }
+    if let Some(mutation) = &finding.mutation {
+        text.push_str(&format!("  mutate would: {mutation}\n"));
+    }
     text
 }
 
-/// Builds the offline view: the policy's facts, then objects among the inputs, then flags
-/// (`NAME=VALUE`), later sources replacing earlier ones.
-pub fn offline_view(
-    policy: &Policy,
-    objects: &[Object<'_>],
-    flags: &[String],
-) -> Result<(StaticView, Vec<String>), String> {
-    add_facts(
-        StaticView::from_policy(&policy.guard.offline),
-        objects,
-        flags,
-    )
+/// The text report's last line: `3 object(s) checked: 2 allowed, 1 denied`, then the objects
+/// the guard does not judge, by kind.
+pub fn summary_line(
+    verdicts: &std::collections::BTreeMap<&str, usize>,
+    not_judged: &str,
+) -> String {
+    let checked: usize = verdicts.values().sum();
+    let summary: Vec<String> = verdicts
+        .iter()
+        .map(|(verdict, count)| format!("{count} {verdict}"))
+        .collect();
+    let mut line = format!(
+        "{checked} object(s) checked{}{}",
+        if summary.is_empty() { "" } else { ": " },
+        summary.join(", ")
+    );
+    if !not_judged.is_empty() {
+        line.push_str(&format!("; {not_judged}"));
+    }
+    line
 }
 
-/// The PriorityClass and Node objects among the inputs and the `--priority-class` flags, to
-/// lay over a cluster's view ([`Layered`]): a manifest that ships its own class is judged
-/// with it.
-pub fn manifest_facts(
-    objects: &[Object<'_>],
-    flags: &[String],
-) -> Result<(StaticView, Vec<String>), String> {
-    add_facts(StaticView::default(), objects, flags)
-}
-
-fn add_facts(
-    mut view: StaticView,
-    objects: &[Object<'_>],
-    flags: &[String],
-) -> Result<(StaticView, Vec<String>), String> {
-    let errors = learn(&mut view, objects);
+/// The `--priority-class NAME=VALUE` flags added to `view`.
+pub fn add_flags(view: &mut StaticView, flags: &[String]) -> Result<(), String> {
     for flag in flags {
         let (name, value) = flag
             .split_once('=')
@@ -319,11 +345,11 @@ fn add_facts(
             .filter(|(name, _)| !name.is_empty())
             .ok_or_else(|| {
                 format!(
-                    "--priority-class {flag:?}: expected NAME=VALUE with an integer VALUE (e.g. \
-                     high-priority=1000000)"
+                    "--priority-class {flag:?}: expected NAME=VALUE with a whole-number VALUE \
+                     (e.g. high-priority=1000000)"
                 )
             })?;
         view.add_priority_class(name, value, false);
     }
-    Ok((view, errors))
+    Ok(())
 }

@@ -1,22 +1,28 @@
-//! `gpu-guard check`: the flags and the command; [`findings`] judges the objects.
+//! `gpu-guard check`: the flags and the command; [`findings`] judges the objects. Each
+//! document is judged and reported as it is read.
 
+use std::collections::BTreeMap;
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use serde_json::json;
 
-use super::Report;
+use super::inputs::{InputArgs, Inputs};
+use super::tally::Tally;
+use super::{Log, exit};
 
 mod findings;
 
+use crate::guard::{ClusterView, StaticView};
 use crate::manifest;
 use crate::policy::Policy;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// A file, a directory, or - for stdin. Repeat for several.
-    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
-    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
     /// A PriorityClass value, NAME=VALUE (e.g. high-priority=1000000). Repeatable.
     #[arg(long = "priority-class", value_name = "NAME=VALUE")]
     pub priority_classes: Vec<String>,
@@ -43,81 +49,221 @@ pub enum CheckFormat {
     Json,
 }
 
-pub(super) fn run(args: &CheckArgs, policy: &Policy) -> Report {
-    let mut errors = Vec::new();
-    let mut documents = Vec::new();
-    for input in &args.files {
-        match manifest::expand(input) {
-            Ok(files) => {
-                for file in files {
-                    let (read, error) = manifest::read(&file);
-                    documents.extend(read);
-                    errors.extend(error.map(|e| e.to_string()));
-                }
-            }
-            Err(error) => errors.push(format!("{}: {error}", input.display())),
-        }
+pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &mut Log) -> i32 {
+    let mut report = Report::new(out, args.output);
+    let (inputs, open_errors) = Inputs::open(&args.input);
+    for error in open_errors {
+        report.error(log, error.to_string());
     }
-    let objects = manifest::objects(&documents);
-    let usage_error = |message: String| Report {
-        stderr: format!("error: {message}\n"),
-        exit_code: 2,
-        ..Report::default()
+    // The first pass: the cluster facts the inputs ship (a Job may come before its class).
+    let mut facts = match &args.kubeconfig {
+        Some(_) => StaticView::default(),
+        None => StaticView::from_policy(&policy.guard.offline),
     };
-    let built = match &args.kubeconfig {
-        Some(_) => findings::manifest_facts(&objects, &args.priority_classes),
-        None => findings::offline_view(policy, &objects, &args.priority_classes),
-    };
-    let facts = match built {
-        Ok((facts, learn_errors)) => {
-            errors.extend(learn_errors);
-            facts
-        }
-        Err(message) => return usage_error(message),
-    };
+    inputs.prescan(findings::FACT_KINDS, &mut |object| {
+        // Errors are reported where the object is, in the second pass.
+        let _ = findings::learn(&mut facts, object);
+    });
+    if let Err(message) = findings::add_flags(&mut facts, &args.priority_classes) {
+        report.error(log, message);
+        return report.finish(log, &Tally::default(), exit::INPUT);
+    }
     // The runtime runs the cache's watches; it lives until the check is done.
     let cluster = match &args.kubeconfig {
         Some(path) => {
             match super::cluster_cache(path, Duration::from_secs(args.sync_timeout_seconds)) {
                 Ok(cluster) => Some(cluster),
-                Err(message) => return usage_error(message),
+                Err(message) => {
+                    report.error(log, message);
+                    return report.finish(log, &Tally::default(), exit::INPUT);
+                }
             }
         }
         None => None,
     };
-    let checked = match &cluster {
+    let layered;
+    let view: &dyn ClusterView = match &cluster {
         Some((_runtime, cache)) => {
-            let layered = crate::guard::Layered {
+            layered = crate::guard::Layered {
                 over: facts,
                 under: cache,
             };
-            findings::check(&objects, policy, &layered, &args.namespace)
+            &layered
         }
-        None => findings::check(&objects, policy, &facts, &args.namespace),
+        None => &facts,
     };
-    errors.extend(checked.errors.iter().cloned());
-    let stdout = match args.output {
-        CheckFormat::Text => findings::render_text(&checked),
-        CheckFormat::Json => {
-            let mut text = serde_json::to_string_pretty(&serde_json::json!({
-                "findings": checked.findings,
-                "errors": errors,
-                "denied": checked.denied(),
-            }))
-            .expect("findings serialize");
-            text.push('\n');
-            text
+    let mut tally = Tally::default();
+    for documents in inputs.each() {
+        let documents = match documents {
+            Ok(documents) => documents,
+            Err(error) => {
+                report.error(log, error.to_string());
+                continue;
+            }
+        };
+        for item in documents {
+            let document = match item {
+                Ok(document) => document,
+                Err(unreadable) => {
+                    report.error(log, unreadable.error.to_string());
+                    continue;
+                }
+            };
+            let objects = manifest::objects(std::slice::from_ref(&document));
+            for object in &objects {
+                if let Err(message) = findings::learn(&mut StaticView::default(), object) {
+                    report.error(log, message);
+                }
+            }
+            let checked = findings::check(&objects, policy, view, &args.namespace);
+            for finding in &checked.findings {
+                tally.add(finding.verdict, &finding.kind);
+                report.finding(finding);
+            }
+            for error in checked.errors {
+                report.error(log, error);
+            }
+            for object in checked.not_judged {
+                if object.is_fact {
+                    tally.add("read as cluster facts", &object.kind);
+                    continue;
+                }
+                tally.add("not judged", &object.kind);
+                if object.carries_pod_template {
+                    report.warning(
+                        log,
+                        format!(
+                            "{}: the guard does not judge {}, although it carries pod \
+                             templates: its pods are not checked against GPU nodes",
+                            object.name, object.api_kind
+                        ),
+                    );
+                }
+            }
+            if report.failed_output.is_some() {
+                break;
+            }
         }
+    }
+    let code = if !report.errors.is_empty() {
+        exit::INPUT
+    } else if tally.count("denied") > 0 {
+        exit::FINDINGS
+    } else {
+        exit::OK
     };
-    Report {
-        stdout,
-        stderr: errors.iter().map(|e| format!("error: {e}\n")).collect(),
-        exit_code: if !errors.is_empty() {
-            2
-        } else if checked.denied() {
-            1
-        } else {
-            0
-        },
+    report.finish(log, &tally, code)
+}
+
+/// The report being written: text (a block per object, then a summary line) or one JSON
+/// document (`{findings, errors, warnings, denied, summary}`), written as findings come.
+struct Report<'a> {
+    out: &'a mut dyn Write,
+    format: CheckFormat,
+    findings: usize,
+    errors: Vec<String>,
+    warnings: Vec<String>,
+    /// The first write error; nothing more is written after it.
+    failed_output: Option<io::Error>,
+}
+
+impl<'a> Report<'a> {
+    fn new(out: &'a mut dyn Write, format: CheckFormat) -> Self {
+        Self {
+            out,
+            format,
+            findings: 0,
+            errors: Vec::new(),
+            warnings: Vec::new(),
+            failed_output: None,
+        }
+    }
+
+    fn write(&mut self, text: &str) {
+        if self.failed_output.is_none()
+            && let Err(error) = self.out.write_all(text.as_bytes())
+        {
+            self.failed_output = Some(error);
+        }
+    }
+
+    fn error(&mut self, log: &mut Log, message: String) {
+        log.error(&message);
+        self.errors.push(message);
+    }
+
+    fn warning(&mut self, log: &mut Log, message: String) {
+        log.warning(&message);
+        self.warnings.push(message);
+    }
+
+    fn finding(&mut self, finding: &findings::Finding) {
+        let text = match self.format {
+            CheckFormat::Text => findings::render_finding(finding),
+            CheckFormat::Json => {
+                let mut text = String::from(if self.findings == 0 {
+                    "{\n  \"findings\": [\n"
+                } else {
+                    ",\n"
+                });
+                text.push_str(&manifest::indented_json(finding, 4));
+                text
+            }
+        };
+        self.findings += 1;
+        self.write(&text);
+    }
+
+    /// Writes the end of the report and returns the exit status.
+    fn finish(mut self, log: &mut Log, tally: &Tally, code: i32) -> i32 {
+        let mut verdicts = BTreeMap::new();
+        for verdict in [
+            "allowed", "audited", "denied", "error", "exempt", "unjudged", "warned",
+        ] {
+            let count = tally.count(verdict);
+            if count > 0 {
+                verdicts.insert(verdict, count);
+            }
+        }
+        let not_judged = tally.line(&["read as cluster facts", "not judged"]);
+        match self.format {
+            CheckFormat::Text => {
+                let line = findings::summary_line(&verdicts, &not_judged);
+                self.write(&format!("{line}\n"));
+            }
+            CheckFormat::Json => {
+                let start = if self.findings == 0 {
+                    "{\n  \"findings\": [],\n"
+                } else {
+                    "\n  ],\n"
+                };
+                let rest = json!({
+                    "errors": self.errors,
+                    "warnings": self.warnings,
+                    "denied": verdicts.contains_key("denied"),
+                    "summary": tally.to_json(),
+                });
+                // The rest of the object, at the same indentation as "findings".
+                let body = serde_json::to_string_pretty(&rest).expect("JSON values serialize");
+                let inner = body
+                    .strip_prefix("{\n")
+                    .and_then(|body| body.strip_suffix("\n}"))
+                    .unwrap_or_default();
+                self.write(&format!("{start}{inner}\n}}\n"));
+            }
+        }
+        if let Some(error) = self.failed_output.take()
+            && error.kind() != io::ErrorKind::BrokenPipe
+        {
+            log.error(&format!("cannot write the output: {error}"));
+            return exit::INPUT;
+        }
+        if let Err(error) = self.out.flush()
+            && error.kind() != io::ErrorKind::BrokenPipe
+        {
+            log.error(&format!("cannot write the output: {error}"));
+            return exit::INPUT;
+        }
+        code
     }
 }

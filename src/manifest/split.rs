@@ -1,0 +1,408 @@
+//! Splitting an input into documents before anything is parsed, so that documents are
+//! independent: a syntax error in one never costs the documents after it, and no document is
+//! held longer than it takes to process it.
+//!
+//! YAML is split at document markers, as kubectl splits it (`k8s.io/apimachinery`
+//! `pkg/util/yaml/decoder.go`, `YAMLReader.Read`, v0.36): a line that starts with `---` followed
+//! by nothing, a space, a tab or a comment begins a new document (YAML forbids such a line
+//! inside any node, so the split is exact). Unlike kubectl, a separator line that carries
+//! content (`--- {a: 1}`, `--- |`) is kept as the first line of its document, as YAML allows.
+//!
+//! A JSON stream (an input whose first non-blank character is `{`) is split at the end of each
+//! top-level value, by a scanner that follows strings and brackets; that scanner also measures
+//! the nesting depth, so a document too deep for the reader is refused before it is parsed.
+//!
+//! Memory is bounded by `max_document_bytes`: a longer document is not kept, only measured,
+//! and reported as too large.
+
+use std::io::{self, BufRead};
+
+/// One document's text, split off its input and not yet parsed.
+#[derive(Debug, Default)]
+pub struct RawDocument {
+    /// The 1-based line of the input its text starts at.
+    pub line: usize,
+    /// Its text; empty when it was too large to keep.
+    pub text: Vec<u8>,
+    /// Its size in bytes when it exceeds the limit (its text is then not kept).
+    pub too_large: Option<usize>,
+    /// For a JSON document: its nesting depth.
+    pub depth: usize,
+}
+
+impl RawDocument {
+    fn start(line: usize) -> Self {
+        Self {
+            line,
+            ..Self::default()
+        }
+    }
+
+    /// Appends `bytes` unless that makes the document larger than `limit`.
+    fn push(&mut self, bytes: &[u8], limit: usize) {
+        match &mut self.too_large {
+            Some(size) => *size += bytes.len(),
+            None if self.text.len() + bytes.len() > limit => {
+                self.too_large = Some(self.text.len() + bytes.len());
+                self.text = Vec::new();
+            }
+            None => self.text.extend_from_slice(bytes),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.too_large.is_none()
+    }
+}
+
+/// Which syntax an input is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syntax {
+    Yaml,
+    Json,
+}
+
+/// Splits a reader into [`RawDocument`]s.
+pub struct Splitter<R> {
+    reader: R,
+    limit: usize,
+    syntax: Option<Syntax>,
+    /// The next line's number.
+    line: usize,
+    /// A YAML separator line read at the end of the previous document: it starts the next.
+    carried: Option<(usize, Vec<u8>)>,
+    at_start: bool,
+    done: bool,
+}
+
+impl<R: BufRead> Splitter<R> {
+    pub fn new(reader: R, max_document_bytes: usize) -> Self {
+        Self {
+            reader,
+            limit: max_document_bytes,
+            syntax: None,
+            line: 1,
+            carried: None,
+            at_start: true,
+            done: false,
+        }
+    }
+
+    /// The input's syntax, once the first document has been asked for.
+    pub fn syntax(&self) -> Option<Syntax> {
+        self.syntax
+    }
+
+    /// The next document, or `None` at the end of the input.
+    pub fn next_document(&mut self) -> io::Result<Option<RawDocument>> {
+        if self.done {
+            return Ok(None);
+        }
+        if self.at_start {
+            self.at_start = false;
+            self.skip_bom()?;
+        }
+        let syntax = match self.syntax {
+            Some(syntax) => syntax,
+            None => {
+                let syntax = self.sniff()?;
+                self.syntax = Some(syntax);
+                syntax
+            }
+        };
+        let document = match syntax {
+            Syntax::Yaml => self.next_yaml()?,
+            Syntax::Json => self.next_json()?,
+        };
+        if document.is_none() {
+            self.done = true;
+        }
+        Ok(document)
+    }
+
+    fn skip_bom(&mut self) -> io::Result<()> {
+        let buffer = self.reader.fill_buf()?;
+        if buffer.starts_with(b"\xEF\xBB\xBF") {
+            self.reader.consume(3);
+        }
+        Ok(())
+    }
+
+    /// JSON when the first non-blank byte is `{`, else YAML (peeks without consuming).
+    fn sniff(&mut self) -> io::Result<Syntax> {
+        // Blank lines before the first document are consumed here; their lines are counted.
+        loop {
+            let buffer = self.reader.fill_buf()?;
+            let Some(&first) = buffer.first() else {
+                return Ok(Syntax::Yaml);
+            };
+            match first {
+                b'\n' => {
+                    self.line += 1;
+                    self.reader.consume(1);
+                }
+                b' ' | b'\t' | b'\r' => self.reader.consume(1),
+                b'{' => return Ok(Syntax::Json),
+                _ => return Ok(Syntax::Yaml),
+            }
+        }
+    }
+
+    /// Reads one line (with its newline) into `line`, keeping at most `keep` bytes of it (the
+    /// rest is consumed and counted); returns the line's full length, 0 at the end.
+    fn read_line(&mut self, line: &mut Vec<u8>, keep: usize) -> io::Result<usize> {
+        let mut length = 0;
+        loop {
+            let buffer = match self.reader.fill_buf() {
+                Ok(buffer) => buffer,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(error),
+            };
+            if buffer.is_empty() {
+                return Ok(length);
+            }
+            let (taken, ended) = match memchr::memchr(b'\n', buffer) {
+                Some(at) => (at + 1, true),
+                None => (buffer.len(), false),
+            };
+            let room = keep.saturating_sub(line.len()).min(taken);
+            line.extend_from_slice(&buffer[..room]);
+            self.reader.consume(taken);
+            length += taken;
+            if ended {
+                return Ok(length);
+            }
+        }
+    }
+
+    fn next_yaml(&mut self) -> io::Result<Option<RawDocument>> {
+        let mut document = match self.carried.take() {
+            Some((line, separator)) => {
+                let mut document = RawDocument::start(line);
+                document.push(&separator, self.limit);
+                document
+            }
+            None => RawDocument::start(self.line),
+        };
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            // Keep the whole line while the document fits; past the limit only its start,
+            // to recognise a separator.
+            let keep = if document.too_large.is_some() {
+                8
+            } else {
+                (self.limit - document.text.len() + 1).max(8)
+            };
+            let length = self.read_line(&mut line, keep)?;
+            if length == 0 {
+                return Ok((!document.is_empty()).then_some(document));
+            }
+            let number = self.line;
+            self.line += 1;
+            if is_separator(&line) && !document.is_empty() {
+                self.carried = Some((number, line));
+                return Ok(Some(document));
+            }
+            if length > line.len() {
+                // Only part of the line was kept: the document is too large.
+                document.push(&line, 0);
+                if let Some(size) = &mut document.too_large {
+                    *size += length - line.len();
+                }
+            } else {
+                document.push(&line, self.limit);
+            }
+        }
+    }
+
+    fn next_json(&mut self) -> io::Result<Option<RawDocument>> {
+        let mut scanner = JsonScanner::default();
+        let mut document: Option<RawDocument> = None;
+        loop {
+            let buffer = match self.reader.fill_buf() {
+                Ok(buffer) => buffer,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(error),
+            };
+            if buffer.is_empty() {
+                return Ok(document.map(|mut document| {
+                    document.depth = scanner.max_depth;
+                    document
+                }));
+            }
+            let mut at = 0;
+            if document.is_none() {
+                // Blank space between documents.
+                while at < buffer.len() && buffer[at].is_ascii_whitespace() {
+                    if buffer[at] == b'\n' {
+                        self.line += 1;
+                    }
+                    at += 1;
+                }
+                if at == buffer.len() {
+                    self.reader.consume(at);
+                    continue;
+                }
+                document = Some(RawDocument::start(self.line));
+            }
+            let start = at;
+            let (end, complete) = scanner.scan(&buffer[start..]);
+            let taken = &buffer[start..start + end];
+            self.line += memchr::memchr_iter(b'\n', taken).count();
+            let current = document.as_mut().expect("started above");
+            current.push(taken, self.limit);
+            self.reader.consume(start + end);
+            if complete {
+                let mut document = document.take().expect("started above");
+                document.depth = scanner.max_depth;
+                return Ok(Some(document));
+            }
+        }
+    }
+}
+
+/// `---` at the start of a line, followed by its end, a space, a tab or nothing.
+fn is_separator(line: &[u8]) -> bool {
+    line.starts_with(b"---") && matches!(line.get(3), None | Some(b' ' | b'\t' | b'\r' | b'\n'))
+}
+
+/// Follows one top-level JSON value through strings and brackets.
+#[derive(Default)]
+struct JsonScanner {
+    depth: usize,
+    max_depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// A top-level value that is not an object or array: ends at the next blank or bracket.
+    scalar: bool,
+    started: bool,
+}
+
+impl JsonScanner {
+    /// Scans `bytes`; returns how many belong to the value and whether it ended there.
+    fn scan(&mut self, bytes: &[u8]) -> (usize, bool) {
+        for (at, &byte) in bytes.iter().enumerate() {
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if byte == b'\\' {
+                    self.escaped = true;
+                } else if byte == b'"' {
+                    self.in_string = false;
+                    if self.depth == 0 {
+                        return (at + 1, true);
+                    }
+                }
+                continue;
+            }
+            if self.scalar {
+                if byte.is_ascii_whitespace() || matches!(byte, b'{' | b'[' | b'"') {
+                    return (at, true);
+                }
+                continue;
+            }
+            match byte {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => {
+                    self.depth += 1;
+                    self.max_depth = self.max_depth.max(self.depth);
+                }
+                b'}' | b']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 0 {
+                        return (at + 1, true);
+                    }
+                }
+                _ if !self.started && !byte.is_ascii_whitespace() => self.scalar = true,
+                _ => {}
+            }
+            self.started = true;
+        }
+        (bytes.len(), false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(text: &[u8], limit: usize) -> Vec<(usize, String, Option<usize>)> {
+        let mut splitter = Splitter::new(text, limit);
+        let mut documents = Vec::new();
+        while let Some(document) = splitter.next_document().unwrap() {
+            documents.push((
+                document.line,
+                String::from_utf8(document.text).unwrap(),
+                document.too_large,
+            ));
+        }
+        documents
+    }
+
+    #[test]
+    fn yaml_is_split_at_separator_lines_with_line_numbers() {
+        let documents = split(
+            b"a: 1\n---\nb: 2\n--- # c\n---\n--- {c: 3}\nd: |\n  ---x\n",
+            1 << 20,
+        );
+        assert_eq!(
+            documents,
+            vec![
+                (1, "a: 1\n".to_owned(), None),
+                (2, "---\nb: 2\n".to_owned(), None),
+                (4, "--- # c\n".to_owned(), None),
+                (5, "---\n".to_owned(), None),
+                (6, "--- {c: 3}\nd: |\n  ---x\n".to_owned(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_line_that_only_starts_with_dashes_is_not_a_separator() {
+        let documents = split(b"a: 1\n----\n---b\n--- \n", 1 << 20);
+        assert_eq!(documents.len(), 2);
+        assert_eq!(documents[0].1, "a: 1\n----\n---b\n");
+    }
+
+    #[test]
+    fn a_document_over_the_limit_is_measured_not_kept_and_the_next_is_whole() {
+        let mut text = b"a: 1\n---\nbig: ".to_vec();
+        text.extend(std::iter::repeat_n(b'x', 5000));
+        text.extend(b"\nmore: 1\n---\nc: 3\n");
+        let documents = split(&text, 100);
+        assert_eq!(documents[0], (1, "a: 1\n".to_owned(), None));
+        assert_eq!(documents[1].1, "");
+        assert_eq!(documents[1].2, Some(4 + 5 + 5000 + 1 + 8));
+        assert_eq!(documents[2], (5, "---\nc: 3\n".to_owned(), None));
+    }
+
+    #[test]
+    fn json_streams_are_split_per_value_through_strings_and_brackets() {
+        let text = b"\n{\"a\": \"}{\\\"\"}\n\n{\"b\": [[1]]} {\"c\": {}}";
+        let mut splitter = Splitter::new(&text[..], 1 << 20);
+        let mut seen = Vec::new();
+        while let Some(document) = splitter.next_document().unwrap() {
+            seen.push((
+                document.line,
+                String::from_utf8(document.text).unwrap(),
+                document.depth,
+            ));
+        }
+        assert_eq!(splitter.syntax(), Some(Syntax::Json));
+        assert_eq!(
+            seen,
+            vec![
+                (2, "{\"a\": \"}{\\\"\"}".to_owned(), 1),
+                (4, "{\"b\": [[1]]}".to_owned(), 3),
+                (4, "{\"c\": {}}".to_owned(), 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_dropped() {
+        let documents = split(b"\xEF\xBB\xBFa: 1\n", 1 << 20);
+        assert_eq!(documents, vec![(1, "a: 1\n".to_owned(), None)]);
+    }
+}

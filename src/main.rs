@@ -12,6 +12,9 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gpu_guard::cli::{Cli, run_with, usage_error_json};
 
+/// 256 MiB of address space (only the pages used are backed by memory).
+const COMMAND_STACK_BYTES: usize = 256 << 20;
+
 fn main() -> ExitCode {
     // One TLS crypto provider for the whole dependency tree, chosen here.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -31,9 +34,20 @@ fn main() -> ExitCode {
     // stdout is buffered (documents are written as they are done); stderr is not, so each
     // note appears as it happens. A closed pipe (`gpu-guard mutate ... | head`) ends the
     // output quietly.
-    // Neither stream is locked for the run: the servers' threads log to stderr.
-    let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout());
-    let code = run_with(&cli, &mut stdout, &mut std::io::stderr());
-    let _ = stdout.flush();
+    // The command runs on a thread with a large stack: documents may nest 1000 levels deep
+    // (manifest::Limits), and every walk over a document recurses once per level. Neither
+    // stream is locked for the run: the servers' threads log to stderr.
+    let code = std::thread::Builder::new()
+        .name("main-command".to_owned())
+        .stack_size(COMMAND_STACK_BYTES)
+        .spawn(move || {
+            let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout());
+            let code = run_with(&cli, &mut stdout, &mut std::io::stderr());
+            let _ = stdout.flush();
+            code
+        })
+        .expect("the command thread starts")
+        .join()
+        .unwrap_or(101);
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -1711,3 +1711,328 @@ spec:
         "{message}"
     );
 }
+
+// === hostile and broken input (a CI gate meets them sooner or later) ===
+
+/// A "billion laughs" document: `levels` levels of ten aliases to the level below.
+fn alias_bomb(levels: usize) -> String {
+    let mut text = String::from(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: laughs}\ndata:\n  l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n",
+    );
+    for level in 1..levels {
+        let below = format!("*l{}", level - 1);
+        text.push_str(&format!(
+            "  l{level}: &l{level} [{}]\n",
+            [below.as_str(); 10].join(", ")
+        ));
+    }
+    text
+}
+
+#[test]
+fn an_alias_bomb_is_refused_quickly_and_the_other_documents_are_processed() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = read(&fixture("gpu-job.yaml"));
+    let path = dir.path().join("bomb.yaml");
+    std::fs::write(&path, format!("{}---\n{job}", alias_bomb(10))).unwrap();
+    for command in ["mutate", "check"] {
+        let out = run(gpu_guard().arg(command).arg("-f").arg(&path)).expect_code(2);
+        assert!(
+            out.stderr
+                .contains("bomb.yaml: document 0, line 8: excessive aliasing"),
+            "{command}: {}",
+            out.stderr
+        );
+        assert!(out.stdout.len() < 10_000, "{command}: nothing was expanded");
+        assert!(
+            out.stdout.contains("train"),
+            "{command}: the Job after it is processed"
+        );
+    }
+    // A few aliases, as real manifests use them, are read.
+    let fine = dir.path().join("fine.yaml");
+    std::fs::write(&fine, alias_bomb(2)).unwrap();
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&fine)).expect_code(0);
+    let config_map = single_yaml_document(&out.stdout);
+    assert_eq!(config_map["data"]["l1"][9], json!(["lol"; 10].to_vec()));
+}
+
+#[test]
+fn deep_nesting_is_refused_not_a_stack_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        ("block.yaml", "- ".repeat(100_000) + "x\n"),
+        ("flow.yaml", "a: ".to_owned() + &"[".repeat(100_000)),
+        ("deep.json", "{\"a\": ".to_owned() + &"[".repeat(100_000)),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &text).unwrap();
+        for command in ["mutate", "check"] {
+            let out = run(gpu_guard().arg(command).arg("-f").arg(&path)).expect_code(2);
+            assert!(
+                out.stderr
+                    .contains(&format!("{name}: document 0, line 1: ")),
+                "{command} {name}: {}",
+                out.stderr
+            );
+        }
+    }
+    // Deep, but within the limit of 1000 levels: read, mutated and written back, as YAML and
+    // as JSON.
+    let path = dir.path().join("deep-ok.yaml");
+    let deep = "- ".repeat(900) + "x";
+    std::fs::write(
+        &path,
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: deep}}\nx:\n{deep}\n"),
+    )
+    .unwrap();
+    let json = run(gpu_guard().args(["mutate", "-o", "json", "-f"]).arg(&path)).expect_code(0);
+    let yaml = run(gpu_guard().args(["mutate", "-f"]).arg(&path)).expect_code(0);
+    // Values 900 levels deep need more than a test thread's stack in a debug build.
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || {
+            let mut deserializer = serde_json::Deserializer::from_str(&json.stdout);
+            deserializer.disable_recursion_limit();
+            let config_map = Value::deserialize(&mut deserializer).expect("JSON output");
+            assert_eq!(config_map["metadata"]["name"], "deep");
+            let back = gpu_guard::manifest::parse(&yaml.stdout, "stdout");
+            assert_eq!(back.0[0].value, config_map, "{:?}", back.1);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    // Flow nesting: the YAML scanner's own limit is 255 levels, named as such.
+    std::fs::write(&path, "x: ".to_owned() + &"[".repeat(300)).unwrap();
+    let out = run(gpu_guard().args(["mutate", "-f"]).arg(&path)).expect_code(2);
+    assert!(
+        out.stderr
+            .contains("nested deeper than 255 levels of [ ] and { }"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_document_over_the_size_limit_is_reported_and_the_next_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.yaml");
+    let big = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: big}}\ndata:\n  blob: {}\n",
+        "x".repeat(20_000)
+    );
+    let job = read(&fixture("gpu-job.yaml"));
+    std::fs::write(&path, format!("{big}---\n{job}")).unwrap();
+    let out = run(gpu_guard()
+        .args(["mutate", "--max-document-bytes", "16Ki", "-f"])
+        .arg(&path))
+    .expect_code(2);
+    let expected = format!(
+        "big.yaml: document 0, line 1: the document is {} bytes, more than the limit of 16384 \
+         bytes (raise it with --max-document-bytes) (left out of the output)",
+        big.len()
+    );
+    assert!(out.stderr.contains(&expected), "{}", out.stderr);
+    assert_device_job_spec(&single_yaml_document(&out.stdout)["spec"], &["main"]);
+    // The default limit (16 MiB) reads it.
+    run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+}
+
+#[test]
+fn text_that_is_not_utf8_costs_only_its_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("latin1.yaml");
+    let job = read(&fixture("gpu-job.yaml"));
+    let mut bytes = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: caf\xe9}\n---\n".to_vec();
+    bytes.extend(job.as_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let out = run(gpu_guard().args(["check", "-f"]).arg(&path)).expect_code(2);
+    assert!(
+        out.stderr
+            .contains("latin1.yaml: document 0, line 3: the text is not UTF-8"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.contains("Job ml/train"), "{}", out.stdout);
+}
+
+#[test]
+fn kinds_with_pod_templates_that_are_not_handled_are_named_and_everything_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.yaml");
+    let job = read(&fixture("gpu-job.yaml"));
+    let pytorch = "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: bert}\nspec:\n  \
+                   pytorchReplicaSpecs:\n    Master:\n      replicas: 1\n      template:\n        \
+                   spec:\n          containers:\n          - name: pytorch\n            image: \
+                   trainer:1\n            resources: {limits: {nvidia.com/gpu: 8}}\n";
+    let config_map = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n";
+    std::fs::write(
+        &path,
+        format!("{job}---\n{pytorch}---\n{config_map}---\n{job}"),
+    )
+    .unwrap();
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    assert!(
+        out.stderr.contains("warning: ")
+            && out.stderr.contains(
+                "(document 1) pytorchjob/bert: gpu-guard does not mutate kubeflow.org/v1 PyTorchJob"
+            ),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(
+            "summary: 4 object(s): 2 mutated (Job 2), 2 not handled (ConfigMap 1, PyTorchJob 1)"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        yaml_documents(&out.stdout).len(),
+        4,
+        "every document is written"
+    );
+
+    let out = run(gpu_guard().args(["check", "-f"]).arg(&path)).expect_code(0);
+    assert!(
+        out.stderr
+            .contains("the guard does not judge kubeflow.org/v1 PyTorchJob"),
+        "{}",
+        out.stderr
+    );
+    let summary = out.stdout.lines().last().unwrap();
+    assert_eq!(
+        summary,
+        "2 object(s) checked: 2 allowed; 2 not judged (ConfigMap 1, PyTorchJob 1)"
+    );
+    let report = json_output(
+        &run(gpu_guard().args(["check", "-o", "json", "-f"]).arg(&path))
+            .expect_code(0)
+            .stdout,
+    );
+    assert_eq!(
+        report["summary"],
+        json!({"allowed": {"Job": 2}, "not judged": {"ConfigMap": 1, "PyTorchJob": 1}})
+    );
+    assert_eq!(report["warnings"].as_array().map(Vec::len), Some(1));
+}
+
+/// The exit-code contract of docs/cli.md#exit-status: 0 nothing to report, 1 findings, 2 a
+/// usage or input error, for every command.
+#[test]
+fn every_command_keeps_the_exit_code_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.yaml").display().to_string();
+    let broken_policy = fixture("policy-broken.yaml").display().to_string();
+    let job = fixture("gpu-job.yaml").display().to_string();
+    let skip = fixture("skip.yaml").display().to_string();
+    let denied = check_fixture("workloads.yaml").display().to_string();
+    let certs = dir.path().join("certs").display().to_string();
+    let cases: Vec<(Vec<&str>, i32)> = vec![
+        (vec!["mutate", "-f", &job], 0),
+        (vec!["mutate", "--diff", "-f", &skip], 0),
+        (vec!["mutate", "--diff", "-f", &job], 1),
+        (vec!["mutate", "-f", &missing], 2),
+        (vec!["--policy", &broken_policy, "mutate", "-f", &job], 2),
+        (vec!["--policy", &missing, "mutate", "-f", &job], 2),
+        (vec!["mutate", "--bogus", "-f", &job], 2),
+        (vec!["check", "-f", &job], 0),
+        (vec!["check", "-f", &denied], 1),
+        (vec!["check", "-f", &missing], 2),
+        (vec!["--policy", &broken_policy, "check", "-f", &job], 2),
+        (vec!["check", "--priority-class", "x", "-f", &job], 2),
+        (vec!["policy", "check", "policies/strict.yaml"], 0),
+        (vec!["policy", "check", &broken_policy], 1),
+        (vec!["policy", "check", &missing], 2),
+        (vec!["policy", "show"], 0),
+        (vec!["--policy", &broken_policy, "policy", "show"], 2),
+        (vec!["generate", "failure-policy", "--container", "main"], 0),
+        (
+            vec!["--policy", &broken_policy, "generate", "failure-policy"],
+            2,
+        ),
+        (vec!["certs", "--out-dir", &certs], 0),
+        (vec!["certs", "--out-dir", &certs], 2),
+        (vec!["no-such-command"], 2),
+    ];
+    for (args, code) in cases {
+        let out = run(gpu_guard().current_dir(manifest_dir()).args(&args));
+        assert_eq!(
+            out.code,
+            Some(code),
+            "gpu-guard {}\n--- stdout\n{}\n--- stderr\n{}",
+            args.join(" "),
+            out.stdout,
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn json_output_is_always_one_json_document_errors_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.yaml");
+    let broken_policy = fixture("policy-broken.yaml");
+    let job = fixture("gpu-job.yaml");
+    let check_runs = [
+        run(gpu_guard()
+            .args(["check", "-o", "json", "-f"])
+            .arg(&missing)),
+        run(gpu_guard()
+            .arg("--policy")
+            .arg(&broken_policy)
+            .args(["check", "-o", "json", "-f"])
+            .arg(&job)),
+        run(gpu_guard()
+            .args(["check", "-o", "json", "--bogus", "-f"])
+            .arg(&job)),
+        run(gpu_guard()
+            .args(["check", "-o", "json", "--priority-class", "nonsense", "-f"])
+            .arg(&job)),
+    ];
+    for out in check_runs {
+        assert_eq!(out.code, Some(2), "{}", out.stderr);
+        let report = json_output(&out.stdout);
+        assert_eq!(report["denied"], false);
+        let errors = report["errors"].as_array().expect("errors");
+        assert!(!errors.is_empty(), "{}", out.stdout);
+    }
+    let mutate_runs = [
+        run(gpu_guard()
+            .arg("--policy")
+            .arg(&broken_policy)
+            .args(["mutate", "-o", "json", "-f"])
+            .arg(&job)),
+        run(gpu_guard()
+            .args(["mutate", "-o", "json", "--bogus", "-f"])
+            .arg(&job)),
+        run(gpu_guard()
+            .args(["mutate", "-o", "json", "-f"])
+            .arg(&missing)),
+    ];
+    for out in mutate_runs {
+        assert_eq!(out.code, Some(2), "{}", out.stderr);
+        assert_eq!(
+            json_output(&out.stdout),
+            json!({"apiVersion": "v1", "kind": "List", "items": []})
+        );
+    }
+}
+
+#[test]
+fn stdin_is_read_once_and_a_job_before_its_claim_template_still_resolves() {
+    let template = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: \
+                    {name: gpu, namespace: default}\nspec:\n  spec:\n    devices:\n      \
+                    requests:\n      - name: gpu\n        exactly: {deviceClassName: gpu.nvidia.com}\n";
+    let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: dra, namespace: default}\nspec:\n  \
+               template:\n    spec:\n      restartPolicy: Never\n      resourceClaims:\n      - \
+               name: gpu\n        resourceClaimTemplateName: gpu\n      containers:\n      - name: \
+               main\n        image: x\n        resources: {claims: [{name: gpu}]}\n";
+    let out = run(gpu_guard()
+        .args(["mutate", "-f", "-"])
+        .write_stdin(format!("{job}---\n{template}")))
+    .expect_code(0);
+    let documents = yaml_documents(&out.stdout);
+    assert_eq!(documents.len(), 2);
+    assert_device_job_spec(&documents[0]["spec"], &["main"]);
+}

@@ -93,6 +93,11 @@ fn scan_message(text: &str, marker: &Marker, info: &str) -> String {
         .filter(|c| *c == '\t')
         .map(|_| marker.col())
         .or_else(|| indentation.find('\t'));
+    if info == "recursion limit exceeded" {
+        // yaml-rust2 counts flow levels in a byte.
+        return "nested deeper than 255 levels of [ ] and { } (the YAML scanner's limit)"
+            .to_owned();
+    }
     match tab {
         Some(column) if info.contains("token") || info.contains("tab") => format!(
             "a tab character at line {}, column {}: YAML indentation must use spaces, not tabs",

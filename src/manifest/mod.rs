@@ -219,8 +219,8 @@ impl Documents {
                 "the text is not UTF-8 (manifests are UTF-8)".to_owned(),
             )
         })?;
-        match self.splitter.syntax() {
-            Some(Syntax::Json) => {
+        match raw.syntax {
+            Syntax::Json => {
                 if raw.depth > self.limits.max_depth {
                     return Err((raw.line, nested_too_deep(self.limits.max_depth)));
                 }
@@ -238,7 +238,7 @@ impl Documents {
                     })?;
                 Ok(vec![value])
             }
-            _ => {
+            Syntax::Yaml => {
                 let bounds = read::Bounds {
                     max_depth: self.limits.max_depth,
                     max_alias_bytes: self.limits.max_document_bytes,

@@ -28,12 +28,15 @@ pub struct RawDocument {
     pub too_large: Option<usize>,
     /// For a JSON document: its nesting depth.
     pub depth: usize,
+    /// How to parse it.
+    pub syntax: Syntax,
 }
 
 impl RawDocument {
-    fn start(line: usize) -> Self {
+    fn start(line: usize, syntax: Syntax) -> Self {
         Self {
             line,
+            syntax,
             ..Self::default()
         }
     }
@@ -55,9 +58,10 @@ impl RawDocument {
     }
 }
 
-/// Which syntax an input is in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which syntax a document is in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Syntax {
+    #[default]
     Yaml,
     Json,
 }
@@ -88,11 +92,6 @@ impl<R: BufRead> Splitter<R> {
         }
     }
 
-    /// The input's syntax, once the first document has been asked for.
-    pub fn syntax(&self) -> Option<Syntax> {
-        self.syntax
-    }
-
     /// The next document, or `None` at the end of the input.
     pub fn next_document(&mut self) -> io::Result<Option<RawDocument>> {
         if self.done {
@@ -104,12 +103,11 @@ impl<R: BufRead> Splitter<R> {
         }
         let syntax = match self.syntax {
             Some(syntax) => syntax,
-            None => {
-                let syntax = self.sniff()?;
-                self.syntax = Some(syntax);
-                syntax
-            }
+            // A separator line carried over begins a YAML document.
+            None if self.carried.is_some() => Syntax::Yaml,
+            None => self.sniff()?,
         };
+        self.syntax = Some(syntax);
         let document = match syntax {
             Syntax::Yaml => self.next_yaml()?,
             Syntax::Json => self.next_json()?,
@@ -178,11 +176,11 @@ impl<R: BufRead> Splitter<R> {
     fn next_yaml(&mut self) -> io::Result<Option<RawDocument>> {
         let mut document = match self.carried.take() {
             Some((line, separator)) => {
-                let mut document = RawDocument::start(line);
+                let mut document = RawDocument::start(line, Syntax::Yaml);
                 document.push(&separator, self.limit);
                 document
             }
-            None => RawDocument::start(self.line),
+            None => RawDocument::start(self.line, Syntax::Yaml),
         };
         let mut line = Vec::new();
         loop {
@@ -228,6 +226,12 @@ impl<R: BufRead> Splitter<R> {
             if buffer.is_empty() {
                 return Ok(document.map(|mut document| {
                     document.depth = scanner.max_depth;
+                    if scanner.dashes == 3 && scanner.line_start {
+                        // The input ends in a separator line: not part of the document.
+                        document
+                            .text
+                            .truncate(document.text.len().saturating_sub(3));
+                    }
                     document
                 }));
             }
@@ -244,21 +248,59 @@ impl<R: BufRead> Splitter<R> {
                     self.reader.consume(at);
                     continue;
                 }
-                document = Some(RawDocument::start(self.line));
+                if buffer[at..].starts_with(b"---") {
+                    // A separator between JSON documents: what follows is sniffed afresh.
+                    self.reader.consume(at);
+                    self.separator_line()?;
+                    return self.next_document();
+                }
+                document = Some(RawDocument::start(self.line, Syntax::Json));
+                scanner.line_start = at == 0 || buffer[at - 1] == b'\n';
             }
             let start = at;
-            let (end, complete) = scanner.scan(&buffer[start..]);
+            let (end, outcome) = scanner.scan(&buffer[start..]);
             let taken = &buffer[start..start + end];
             self.line += memchr::memchr_iter(b'\n', taken).count();
             let current = document.as_mut().expect("started above");
             current.push(taken, self.limit);
             self.reader.consume(start + end);
-            if complete {
-                let mut document = document.take().expect("started above");
-                document.depth = scanner.max_depth;
-                return Ok(Some(document));
+            match outcome {
+                Scanned::More => {}
+                Scanned::Complete => {
+                    let mut document = document.take().expect("started above");
+                    document.depth = scanner.max_depth;
+                    return Ok(Some(document));
+                }
+                Scanned::Separator => {
+                    // A `---` line cannot be in JSON (strings hold no line breaks): the
+                    // document ends unfinished before it, and what follows is sniffed afresh.
+                    let mut document = document.take().expect("started above");
+                    document.depth = scanner.max_depth;
+                    if document.too_large.is_none() {
+                        document
+                            .text
+                            .truncate(document.text.len().saturating_sub(3));
+                    }
+                    self.separator_line()?;
+                    return Ok(Some(document));
+                }
             }
         }
+    }
+
+    /// After `---` was consumed or is next: the rest of the separator line is carried to
+    /// the next document, which is YAML from there on.
+    fn separator_line(&mut self) -> io::Result<()> {
+        let mut line = b"---".to_vec();
+        let buffer = self.reader.fill_buf()?;
+        if buffer.starts_with(b"---") {
+            self.reader.consume(3);
+        }
+        self.read_line(&mut line, 4096)?;
+        self.carried = Some((self.line, line));
+        self.line += 1;
+        self.syntax = None;
+        Ok(())
     }
 }
 
@@ -267,7 +309,19 @@ fn is_separator(line: &[u8]) -> bool {
     line.starts_with(b"---") && matches!(line.get(3), None | Some(b' ' | b'\t' | b'\r' | b'\n'))
 }
 
-/// Follows one top-level JSON value through strings and brackets.
+/// What [`JsonScanner::scan`] found at the end of the bytes it took.
+#[derive(Debug, PartialEq, Eq)]
+enum Scanned {
+    /// The value goes on.
+    More,
+    /// The value ended.
+    Complete,
+    /// A `---` separator line began (its dashes are the last three bytes taken).
+    Separator,
+}
+
+/// Follows one top-level JSON value through strings and brackets, and watches for `---`
+/// separator lines.
 #[derive(Default)]
 struct JsonScanner {
     depth: usize,
@@ -277,12 +331,29 @@ struct JsonScanner {
     /// A top-level value that is not an object or array: ends at the next blank or bracket.
     scalar: bool,
     started: bool,
+    /// At the start of a line, and how many dashes it starts with.
+    line_start: bool,
+    dashes: u8,
 }
 
 impl JsonScanner {
-    /// Scans `bytes`; returns how many belong to the value and whether it ended there.
-    fn scan(&mut self, bytes: &[u8]) -> (usize, bool) {
+    /// Scans `bytes`; returns how many belong to the value and what ended the scan.
+    fn scan(&mut self, bytes: &[u8]) -> (usize, Scanned) {
         for (at, &byte) in bytes.iter().enumerate() {
+            if self.line_start {
+                if byte == b'-' && self.dashes < 3 {
+                    self.dashes += 1;
+                } else if self.dashes == 3 && matches!(byte, b' ' | b'\t' | b'\r' | b'\n') {
+                    return (at, Scanned::Separator);
+                } else {
+                    self.line_start = false;
+                    self.dashes = 0;
+                }
+            }
+            if byte == b'\n' {
+                self.line_start = true;
+                self.dashes = 0;
+            }
             if self.in_string {
                 if self.escaped {
                     self.escaped = false;
@@ -291,14 +362,14 @@ impl JsonScanner {
                 } else if byte == b'"' {
                     self.in_string = false;
                     if self.depth == 0 {
-                        return (at + 1, true);
+                        return (at + 1, Scanned::Complete);
                     }
                 }
                 continue;
             }
             if self.scalar {
                 if byte.is_ascii_whitespace() || matches!(byte, b'{' | b'[' | b'"') {
-                    return (at, true);
+                    return (at, Scanned::Complete);
                 }
                 continue;
             }
@@ -311,7 +382,7 @@ impl JsonScanner {
                 b'}' | b']' => {
                     self.depth = self.depth.saturating_sub(1);
                     if self.depth == 0 {
-                        return (at + 1, true);
+                        return (at + 1, Scanned::Complete);
                     }
                 }
                 _ if !self.started && !byte.is_ascii_whitespace() => self.scalar = true,
@@ -319,7 +390,7 @@ impl JsonScanner {
             }
             self.started = true;
         }
-        (bytes.len(), false)
+        (bytes.len(), Scanned::More)
     }
 }
 
@@ -383,19 +454,41 @@ mod tests {
         let mut splitter = Splitter::new(&text[..], 1 << 20);
         let mut seen = Vec::new();
         while let Some(document) = splitter.next_document().unwrap() {
+            assert_eq!(document.syntax, Syntax::Json);
             seen.push((
                 document.line,
                 String::from_utf8(document.text).unwrap(),
                 document.depth,
             ));
         }
-        assert_eq!(splitter.syntax(), Some(Syntax::Json));
         assert_eq!(
             seen,
             vec![
                 (2, "{\"a\": \"}{\\\"\"}".to_owned(), 1),
                 (4, "{\"b\": [[1]]}".to_owned(), 3),
                 (4, "{\"c\": {}}".to_owned(), 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_separator_line_ends_an_unfinished_json_document_and_yaml_may_follow() {
+        let text = b"{\"a\": [1,\n---\nb: 2\n--- {c: 3}\n";
+        let mut splitter = Splitter::new(&text[..], 1 << 20);
+        let mut seen = Vec::new();
+        while let Some(document) = splitter.next_document().unwrap() {
+            seen.push((
+                document.line,
+                String::from_utf8(document.text).unwrap(),
+                document.syntax,
+            ));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (1, "{\"a\": [1,\n".to_owned(), Syntax::Json),
+                (2, "---\nb: 2\n".to_owned(), Syntax::Yaml),
+                (4, "--- {c: 3}\n".to_owned(), Syntax::Yaml),
             ]
         );
     }

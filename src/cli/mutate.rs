@@ -367,3 +367,78 @@ fn hunk_range(start: usize, length: usize) -> String {
         _ => format!("{},{length}", start + 1),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Applies a unified diff (one file) to `old`, checking every context and removed line.
+    fn apply(old: &str, diff: &str) -> String {
+        let old: Vec<&str> = old.split_inclusive('\n').collect();
+        let mut new = String::new();
+        let mut next = 0; // the next line of `old` to copy
+        for line in diff.split_inclusive('\n').skip(2) {
+            if let Some(header) = line.strip_prefix("@@ -") {
+                let range = header.split(' ').next().unwrap();
+                let start: usize = range.split(',').next().unwrap().parse().unwrap();
+                let length: usize = range.split(',').nth(1).map_or(1, |l| l.parse().unwrap());
+                let start = if length == 0 { start } else { start - 1 };
+                for line in &old[next..start] {
+                    new.push_str(line);
+                }
+                next = start;
+                continue;
+            }
+            let (sign, text) = line.split_at(1);
+            match sign {
+                " " | "-" => {
+                    assert_eq!(old[next], text, "context or removed line {next}");
+                    next += 1;
+                    if sign == " " {
+                        new.push_str(text);
+                    }
+                }
+                "+" => new.push_str(text),
+                other => panic!("unexpected line {other}{text}"),
+            }
+        }
+        for line in &old[next..] {
+            new.push_str(line);
+        }
+        new
+    }
+
+    #[test]
+    fn the_diff_built_document_by_document_applies_to_the_whole_rendering() {
+        let documents: Vec<(String, String)> = (0..6)
+            .map(|i| {
+                let before: String = (0..12).map(|l| format!("doc{i} line{l}\n")).collect();
+                let after = match i % 3 {
+                    // unchanged, changed in the middle, changed at both ends
+                    0 => before.clone(),
+                    1 => before.replace("line5\n", "line5\nadded\n").replace("line7\n", ""),
+                    _ => format!("first\n{}last\n", before.replace("line0\n", "LINE0\n")),
+                };
+                (before, after)
+            })
+            .collect();
+        let mut out = Vec::new();
+        let mut diff = FileDiff::new("/x.yaml");
+        let mut changed = false;
+        for (before, after) in &documents {
+            changed |= diff.add(before, after, &mut out).unwrap();
+        }
+        assert!(changed);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("--- a/x.yaml\n+++ b/x.yaml\n@@ "), "{text}");
+        let whole = |pick: fn(&(String, String)) -> &String| {
+            documents.iter().map(pick).cloned().collect::<Vec<_>>().join("---\n")
+        };
+        assert_eq!(apply(&whole(|d| &d.0), &text), whole(|d| &d.1), "{text}");
+
+        let mut out = Vec::new();
+        let mut diff = FileDiff::new("same.yaml");
+        assert!(!diff.add("a\n", "a\n", &mut out).unwrap());
+        assert!(out.is_empty(), "no diff, no header");
+    }
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// Lowest first; modules in one layer do not import each other.
 const LAYERS: &[&[&str]] = &[
-    &["wellknown", "field"],
+    &["wellknown", "field", "decode"],
     &["rules"],
     &["policy"],
     &["mutate", "guard"],

@@ -676,6 +676,39 @@ fn generate_per_index_turns_fail_job_rules_into_fail_index() {
     assert_eq!(rules[3], exit_code_rule("FailJob", "main", &[126, 127]));
 }
 
+// === what people are told ===
+
+#[test]
+fn a_job_of_the_wrong_types_is_reported_with_its_field_and_no_rust_type() {
+    let input = "\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: soon}
+spec:
+  activeDeadlineSeconds: soon
+  template: {spec: {restartPolicy: Never, containers: [{name: main}]}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: huge}
+spec:
+  parallelism: 5000000000
+  template: {spec: {restartPolicy: Never, containers: [{name: main}]}}
+";
+    let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(input));
+    assert_ne!(out.code, Some(0), "{}", out.stderr);
+    for expected in [
+        "spec.activeDeadlineSeconds: expected a whole number, found the string \"soon\"",
+        "spec.parallelism: expected a whole number from -2147483648 to 2147483647, found \
+         5000000000",
+    ] {
+        assert!(out.stderr.contains(expected), "{expected}\n{}", out.stderr);
+    }
+    for rust in ["i64", "i32", "u128", "Some(", "struct "] {
+        assert!(!out.stderr.contains(rust), "{rust}: {}", out.stderr);
+    }
+}
+
 // === policy ===
 
 #[test]

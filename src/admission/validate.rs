@@ -43,9 +43,7 @@ pub(super) fn validate(
     })?;
     let namespace = request.namespace.as_deref().unwrap_or_default();
     match read_workload(kind, object, request.old_object) {
-        Err(error) if error.source.is_syntax() || error.source.is_eof() => {
-            Err(ReviewError::NotJson(error.source))
-        }
+        Err(error) if error.source.is_syntax() => Err(ReviewError::NotJson(error.source)),
         // The API server has checked the object's schema; this is not expected.
         Err(error) => {
             response.warnings.push(format!(

@@ -678,6 +678,67 @@ fn generate_per_index_turns_fail_job_rules_into_fail_index() {
 
 // === what people are told ===
 
+/// The binary with no cluster configuration from the environment of the test run.
+fn without_cluster_configuration<'a>(command: &'a mut Command, home: &Path) -> &'a mut Command {
+    command
+        .env("HOME", home)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("GPU_GUARD_KUBECONFIG")
+        .env_remove("GPU_GUARD_NO_CLUSTER")
+}
+
+#[test]
+fn a_command_without_a_cluster_names_only_its_own_flags_and_logs_to_a_pipe_without_colour() {
+    let home = tempfile::tempdir().unwrap();
+    // `controller` has no --no-cluster: it is not offered.
+    let mut controller = gpu_guard();
+    controller.arg("controller");
+    let out = run(without_cluster_configuration(&mut controller, home.path())).expect_code(1);
+    assert!(
+        out.stderr.contains("pass a kubeconfig with --kubeconfig"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("--no-cluster"), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains('\u{1b}'),
+        "escape codes: {:?}",
+        out.stderr
+    );
+
+    // `serve` with a kubeconfig it cannot use: both ways out are its own flags.
+    let kubeconfig = home.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+    let mut serve = gpu_guard();
+    serve
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--ca-bundle-file")
+        .arg(home.path().join("ca.crt"));
+    without_cluster_configuration(&mut serve, home.path()).env("KUBECONFIG", &kubeconfig);
+    let out = run(&mut serve).expect_code(1);
+    assert!(
+        out.stderr.contains("--kubeconfig")
+            && out
+                .stderr
+                .contains("or run without a cluster with --no-cluster"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains('\u{1b}'),
+        "escape codes: {:?}",
+        out.stderr
+    );
+}
+
 #[test]
 fn a_job_of_the_wrong_types_is_reported_with_its_field_and_no_rust_type() {
     let input = "\

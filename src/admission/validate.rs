@@ -106,7 +106,7 @@ fn apply_verdict(verdict: &Verdict, response: &mut Response) -> (ReviewOutcome, 
             // The full text goes to the audit log.
             response.audit_annotations.insert(
                 GUARD_UNJUDGED_AUDIT_KEY.to_owned(),
-                format!("gpu-guard: {}", why.message()),
+                format!("gpu-guard: {}", why.webhook_message()),
             );
             response
                 .warnings

@@ -770,6 +770,33 @@ spec:
     }
 }
 
+#[test]
+fn a_job_left_unchanged_is_not_told_of_changes() {
+    // No restartPolicy: the API server refuses this Job whatever gpu-guard does.
+    let input = "\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: unset}
+spec:
+  template:
+    spec:
+      containers: [{name: main, resources: {limits: {nvidia.com/gpu: 1}}}]
+";
+    let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(input)).expect_code(0);
+    assert_same_document(
+        &single_yaml_document(&out.stdout),
+        &single_yaml_document(input),
+        "the Job left unchanged",
+    );
+    assert!(!out.stderr.contains("raised"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("Job left unchanged: the API server will reject it as it is"),
+        "{}",
+        out.stderr
+    );
+}
+
 // === policy ===
 
 #[test]

@@ -676,6 +676,54 @@ fn generate_per_index_turns_fail_job_rules_into_fail_index() {
     assert_eq!(rules[3], exit_code_rule("FailJob", "main", &[126, 127]));
 }
 
+#[test]
+fn generate_falls_back_from_container_names_with_a_warning_when_the_rules_do_not_fit() {
+    // One rule per container would be 2 + 25 rules, over the API server's 20.
+    let mut command = gpu_guard();
+    command.args(["generate", "failure-policy"]);
+    for index in 1..=25 {
+        command.arg("--container").arg(format!("worker-{index}"));
+    }
+    let out = run(&mut command).expect_code(0);
+    assert_eq!(
+        single_yaml_document(&out.stdout)["podFailurePolicy"]["rules"],
+        json!([
+            pod_condition_rule("DisruptionTarget"),
+            pod_condition_rule("gpu-guard.io/DeviceFailure"),
+            {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}},
+        ])
+    );
+    assert_eq!(
+        out.stderr,
+        "warning: 25 device containers would need 27 rules (limit 20): exit-code rules match \
+         every container, without containerName\n"
+    );
+}
+
+#[test]
+fn generate_refuses_container_names_a_pod_cannot_have() {
+    let out = run(gpu_guard().args([
+        "generate",
+        "failure-policy",
+        "--container",
+        "Bad_Name!",
+        "--container",
+        "eval",
+        "--container",
+        "eval",
+    ]))
+    .expect_code(2);
+    assert_eq!(out.stdout, "");
+    assert_eq!(
+        out.stderr,
+        "error: --container \"Bad_Name!\": a container name must be a lowercase RFC 1123 label: \
+         at most 63 lower case alphanumeric characters or '-', starting and ending with an \
+         alphanumeric character (e.g. 'my-name')\n\
+         error: --container \"eval\" is given more than once: the containers of a pod must have \
+         different names\n"
+    );
+}
+
 // === what people are told ===
 
 /// The binary with no cluster configuration from the environment of the test run.

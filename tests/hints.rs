@@ -10,10 +10,13 @@
 //! is checked against that command. A `kubectl ...` span in backquotes is another program's.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use clap::CommandFactory;
 use gpu_guard::cli::Cli;
+
+mod source;
+use source::{is_test_file, non_test_code, rust_files, src};
 
 /// The commands that run each part of the crate, longest prefix first wins.
 const PRINTED_BY: &[(&str, &[&str])] = &[
@@ -93,17 +96,6 @@ const OTHER_PROGRAMS: &[&str] = &["kubectl", "helm", "cargo", "curl", "openssl"]
 
 fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The string literals of Rust code, with their line, comments and char literals skipped.
@@ -290,19 +282,6 @@ fn command_in(text: &str, commands: &BTreeMap<String, BTreeSet<String>>) -> Opti
     command
 }
 
-/// A file without its inline test module (`#[cfg(test)] mod tests { ... }`, last in a file);
-/// a `#[cfg(test)] mod tests;` that names another file is not the end of the code.
-fn non_test_code(text: &str) -> &str {
-    for (at, marker) in text.match_indices("#[cfg(test)]") {
-        let rest = text[at + marker.len()..].trim_start();
-        let item = rest.lines().next().unwrap_or_default().trim_end();
-        if item.starts_with("mod ") && item.ends_with('{') {
-            return &text[..at];
-        }
-    }
-    text
-}
-
 fn printed_by(file: &str) -> Option<&'static [&'static str]> {
     PRINTED_BY
         .iter()
@@ -317,20 +296,16 @@ fn every_flag_a_message_names_is_a_flag_of_the_command_that_prints_it() {
     for command in ALL {
         assert!(commands.contains_key(*command), "no command {command:?}");
     }
-    let mut files = Vec::new();
-    rust_files(&crate_dir().join("src"), &mut files);
-    files.sort();
     let mut wrong = Vec::new();
     let mut per_command_seen = BTreeSet::new();
     let mut checked = 0;
-    for path in files {
+    for path in rust_files(&src()) {
         let file = path
             .strip_prefix(crate_dir())
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let stem = path.file_stem().unwrap().to_string_lossy();
-        if stem == "tests" || stem.ends_with("_tests") {
+        if is_test_file(&path) {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();

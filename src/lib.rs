@@ -5,7 +5,7 @@
 //!
 //! | layer | modules | what they own |
 //! |---|---|---|
-//! | vocabulary | [`wellknown`], [`field`] | every `gpu-guard.io/*` name, port and path; `FieldPath` and `Violation` |
+//! | vocabulary | [`wellknown`], [`field`], [`decode`] | every `gpu-guard.io/*` name, port and path; `FieldPath` and `Violation`; decoding errors in words (field, no Rust types) |
 //! | the API's rules | [`rules`] | PURE: the API server's validation of what gpu-guard writes |
 //! | policy | [`policy`] | the policy file: types, defaults, loading, validation, the device rule |
 //! | engines | [`mutate`], [`guard`] | PURE: the mutation engine (and its JSON Patch), the GPU-node guard |
@@ -25,6 +25,7 @@
 
 pub mod wellknown;
 
+pub mod decode;
 pub mod field;
 
 pub mod rules;

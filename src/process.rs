@@ -4,6 +4,7 @@
 //! and "metrics" mean for it ([`AdminProbes`]).
 
 use std::future::Future;
+use std::io::IsTerminal as _;
 use std::sync::Arc;
 
 use axum::Router;
@@ -26,17 +27,30 @@ pub enum LogFormat {
 }
 
 /// Logs to stderr, as text or one JSON object a line, filtered by `level` (a level or a
-/// tracing filter; `info` when it does not parse).
+/// tracing filter; `info` when it does not parse). Text is coloured only on a terminal
+/// ([`log_colours`]): a log file or a collector gets no escape codes.
 pub fn init_logging(format: LogFormat, level: &str) {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let colours = log_colours(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colours)
         .with_writer(std::io::stderr);
     // Ignore the error of a second initialisation (tests run several servers in one process).
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// Whether text logs carry ANSI colours: only when stderr is a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty string (<https://no-color.org>, as
+/// tracing-subscriber reads it).
+pub fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 /// The multi-threaded tokio runtime of a command: one worker a core, or `workers`.
@@ -259,6 +273,16 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(10), signals.next())
             .await
             .expect("the SIGTERM sent before the wait is delivered");
+    }
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colours(true, None));
+        assert!(log_colours(true, Some(OsStr::new(""))));
+        assert!(!log_colours(true, Some(OsStr::new("1"))));
+        // A file, a pipe or a log collector: never escape codes.
+        assert!(!log_colours(false, None));
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! The layout is the architecture: a module imports only modules of lower layers (the order
 //! of `LAYERS`, which is the crate map in `src/lib.rs`), so there are no import cycles, and
-//! the map in `lib.rs` names every top-level module. Test code (`#[cfg(test)]` and what follows
-//! it) is not counted: a test may use anything.
+//! the map in `lib.rs` names every top-level module. Test code (a file's inline `#[cfg(test)]`
+//! module, and files of tests) is not counted: a test may use anything.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod source;
+use source::{is_test_file, non_test_code, rust_files, src};
 
 /// Lowest first; modules in one layer do not import each other.
 const LAYERS: &[&[&str]] = &[
-    &["wellknown", "field"],
+    &["wellknown", "field", "decode"],
     &["rules"],
     &["policy"],
     &["mutate", "guard"],
@@ -20,21 +23,6 @@ const LAYERS: &[&[&str]] = &[
     &["install"],
     &["cli"],
 ];
-
-fn src() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// The top-level module a file belongs to (`None` for `lib.rs` and `main.rs`).
 fn unit(path: &Path) -> Option<String> {
@@ -53,20 +41,15 @@ fn layer(unit: &str) -> usize {
 
 /// Every `crate::x` a module's non-test code names, with the file and line.
 fn imports() -> BTreeMap<(String, String), String> {
-    let mut files = Vec::new();
-    rust_files(&src(), &mut files);
     let mut found = BTreeMap::new();
-    for file in files {
+    for file in rust_files(&src()) {
         let Some(from) = unit(&file) else { continue };
         let text = std::fs::read_to_string(&file).unwrap();
         // A file whose only content is tests (e.g. `guard/tests.rs`) is test code too.
-        let is_test_file = file
-            .file_stem()
-            .is_some_and(|s| s == "tests" || s.to_string_lossy().ends_with("_tests"));
-        if is_test_file {
+        if is_test_file(&file) {
             continue;
         }
-        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code = non_test_code(&text);
         for (number, line) in code.lines().enumerate() {
             let line = line.trim_start();
             if line.starts_with("//") {

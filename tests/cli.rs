@@ -720,6 +720,175 @@ fn generate_per_index_turns_fail_job_rules_into_fail_index() {
     assert_eq!(rules[3], exit_code_rule("FailJob", "main", &[126, 127]));
 }
 
+#[test]
+fn generate_falls_back_from_container_names_with_a_warning_when_the_rules_do_not_fit() {
+    // One rule per container would be 2 + 25 rules, over the API server's 20.
+    let mut command = gpu_guard();
+    command.args(["generate", "failure-policy"]);
+    for index in 1..=25 {
+        command.arg("--container").arg(format!("worker-{index}"));
+    }
+    let out = run(&mut command).expect_code(0);
+    assert_eq!(
+        single_yaml_document(&out.stdout)["podFailurePolicy"]["rules"],
+        json!([
+            pod_condition_rule("DisruptionTarget"),
+            pod_condition_rule("gpu-guard.io/DeviceFailure"),
+            {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}},
+        ])
+    );
+    assert_eq!(
+        out.stderr,
+        "warning: 25 device containers would need 27 rules (limit 20): exit-code rules match \
+         every container, without containerName\n"
+    );
+}
+
+#[test]
+fn generate_refuses_container_names_a_pod_cannot_have() {
+    let out = run(gpu_guard().args([
+        "generate",
+        "failure-policy",
+        "--container",
+        "Bad_Name!",
+        "--container",
+        "eval",
+        "--container",
+        "eval",
+    ]))
+    .expect_code(2);
+    assert_eq!(out.stdout, "");
+    assert_eq!(
+        out.stderr,
+        "error: --container \"Bad_Name!\": a container name must be a lowercase RFC 1123 label: \
+         at most 63 lower case alphanumeric characters or '-', starting and ending with an \
+         alphanumeric character (e.g. 'my-name')\n\
+         error: --container \"eval\" is given more than once: the containers of a pod must have \
+         different names\n"
+    );
+}
+
+// === what people are told ===
+
+/// The binary with no cluster configuration from the environment of the test run.
+fn without_cluster_configuration<'a>(command: &'a mut Command, home: &Path) -> &'a mut Command {
+    command
+        .env("HOME", home)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("GPU_GUARD_KUBECONFIG")
+        .env_remove("GPU_GUARD_NO_CLUSTER")
+}
+
+#[test]
+fn a_command_without_a_cluster_names_only_its_own_flags_and_logs_to_a_pipe_without_colour() {
+    let home = tempfile::tempdir().unwrap();
+    // `controller` has no --no-cluster: it is not offered.
+    let mut controller = gpu_guard();
+    controller.arg("controller");
+    let out = run(without_cluster_configuration(&mut controller, home.path())).expect_code(1);
+    assert!(
+        out.stderr.contains("pass a kubeconfig with --kubeconfig"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("--no-cluster"), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains('\u{1b}'),
+        "escape codes: {:?}",
+        out.stderr
+    );
+
+    // `serve` with a kubeconfig it cannot use: both ways out are its own flags.
+    let kubeconfig = home.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+    let mut serve = gpu_guard();
+    serve
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--ca-bundle-file")
+        .arg(home.path().join("ca.crt"));
+    without_cluster_configuration(&mut serve, home.path()).env("KUBECONFIG", &kubeconfig);
+    let out = run(&mut serve).expect_code(1);
+    assert!(
+        out.stderr.contains("--kubeconfig")
+            && out
+                .stderr
+                .contains("or run without a cluster with --no-cluster"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains('\u{1b}'),
+        "escape codes: {:?}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_job_of_the_wrong_types_is_reported_with_its_field_and_no_rust_type() {
+    let input = "\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: soon}
+spec:
+  activeDeadlineSeconds: soon
+  template: {spec: {restartPolicy: Never, containers: [{name: main}]}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: huge}
+spec:
+  parallelism: 5000000000
+  template: {spec: {restartPolicy: Never, containers: [{name: main}]}}
+";
+    let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(input));
+    assert_ne!(out.code, Some(0), "{}", out.stderr);
+    for expected in [
+        "spec.activeDeadlineSeconds: expected a whole number, found the string \"soon\"",
+        "spec.parallelism: expected a whole number from -2147483648 to 2147483647, found \
+         5000000000",
+    ] {
+        assert!(out.stderr.contains(expected), "{expected}\n{}", out.stderr);
+    }
+    for rust in ["i64", "i32", "u128", "Some(", "struct "] {
+        assert!(!out.stderr.contains(rust), "{rust}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn a_job_left_unchanged_is_not_told_of_changes() {
+    // No restartPolicy: the API server refuses this Job whatever gpu-guard does.
+    let input = "\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: unset}
+spec:
+  template:
+    spec:
+      containers: [{name: main, resources: {limits: {nvidia.com/gpu: 1}}}]
+";
+    let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(input)).expect_code(0);
+    assert_same_document(
+        &single_yaml_document(&out.stdout),
+        &single_yaml_document(input),
+        "the Job left unchanged",
+    );
+    assert!(!out.stderr.contains("raised"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("Job left unchanged: the API server will reject it as it is"),
+        "{}",
+        out.stderr
+    );
+}
+
 // === policy ===
 
 #[test]

@@ -1132,6 +1132,7 @@ proptest! {
                 job: input.0.clone(),
                 changes: Vec::new(),
                 warnings: Vec::new(),
+                change_notes: Vec::new(),
                 skipped: None,
             }
         } else {

@@ -4,7 +4,7 @@
 use gpu_guard::admission::{ReviewError, ReviewOutcome, Reviewed, Webhook, review};
 use gpu_guard::guard::{ClusterView, KnownNode, StaticView};
 use gpu_guard::policy::{GuardMode, Policy};
-use gpu_guard::wellknown::GUARD_AUDIT_KEY;
+use gpu_guard::wellknown::{GUARD_AUDIT_KEY, GUARD_UNJUDGED_AUDIT_KEY};
 use serde_json::{Value, json};
 
 mod reviews;
@@ -341,6 +341,13 @@ fn without_a_cluster_an_unknown_class_is_reported_not_denied() {
     assert_eq!(
         sent["warnings"],
         json!(["gpu-guard: priority not checked: PriorityClass \"gpu-high\" is unknown offline"])
+    );
+    // The audit log says what `serve` can do about it: no `check` flag.
+    assert_eq!(
+        sent["auditAnnotations"][GUARD_UNJUDGED_AUDIT_KEY],
+        "gpu-guard: PriorityClass \"gpu-high\" is not known offline, so the priority of this \
+         workload, which targets GPU nodes, was not checked; list it in \
+         guard.offline.priorityClasses, or run the webhook with a cluster (without --no-cluster)"
     );
     // Listed in the policy file, it is judged (and a GPU job at 100000 passes).
     policy

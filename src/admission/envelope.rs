@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::decode::{self, JsonError};
+
 /// At most this many characters in one admission warning (the API server's limit is 120).
 pub const MAX_WARNING_CHARS: usize = 120;
 
@@ -18,7 +20,7 @@ pub(super) const SUPPORTED_VERSIONS: [&str; 2] =
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
     #[error("the body is not a JSON AdmissionReview: {0}")]
-    NotJson(#[source] serde_json::Error),
+    NotJson(#[source] JsonError),
     #[error("the body nests JSON deeper than {MAX_DEPTH} levels; no Kubernetes object does")]
     TooDeep,
     #[error(
@@ -89,6 +91,7 @@ impl Operation {
 /// The parts of an AdmissionReview gpu-guard reads. The object stays JSON text (borrowed from
 /// the body): the engine decodes the typed Job from it directly.
 #[derive(Deserialize)]
+#[serde(expecting = "an AdmissionReview")]
 pub(super) struct IncomingReview<'a> {
     #[serde(rename = "apiVersion", default)]
     pub(super) api_version: String,
@@ -99,6 +102,7 @@ pub(super) struct IncomingReview<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(expecting = "an AdmissionRequest")]
 pub(super) struct IncomingRequest<'a> {
     #[serde(default)]
     pub(super) uid: String,
@@ -133,7 +137,7 @@ pub struct GroupVersionKind {
 /// request must have: a supported apiVersion, the kind, a request with a uid.
 pub(super) fn parse(envelope: &[u8]) -> Result<IncomingReview<'_>, ReviewError> {
     let incoming: IncomingReview =
-        serde_json::from_slice(envelope).map_err(ReviewError::NotJson)?;
+        decode::from_json_slice(envelope).map_err(ReviewError::NotJson)?;
     if !SUPPORTED_VERSIONS.contains(&incoming.api_version.as_str()) {
         return Err(ReviewError::UnsupportedVersion(incoming.api_version));
     }

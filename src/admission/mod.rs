@@ -201,6 +201,94 @@ mod tests {
         }
     }
 
+    /// serde's words for Rust types, which no message may use.
+    const RUST_WORDS: &[&str] = &[
+        "i32",
+        "i64",
+        "u32",
+        "u128",
+        "struct",
+        "IncomingReview",
+        "IncomingRequest",
+        "RawJob",
+        "Some",
+        "sequence",
+    ];
+
+    fn assert_for_people(message: &str) {
+        let words: Vec<&str> = message
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .collect();
+        for word in RUST_WORDS {
+            assert!(!words.contains(word), "{message:?} says {word:?}");
+        }
+    }
+
+    #[test]
+    fn bad_requests_and_objects_are_described_in_words_with_their_field() {
+        let policy = Policy::embedded();
+        let view = guard::StaticView::from_policy(&policy.guard.offline);
+        let refused = |body: &[u8]| {
+            review(Webhook::Mutate, body, &policy, &view)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            refused(b"5"),
+            "the body is not a JSON AdmissionReview: expected an AdmissionReview, found 5 at \
+             line 1 column 1"
+        );
+        assert_eq!(
+            refused(br#"{"apiVersion": "admission.k8s.io/v1", "request": {"uid": 5}}"#),
+            "the body is not a JSON AdmissionReview: request.uid: expected a string, found 5"
+        );
+        assert_eq!(
+            refused(br#"{"apiVersion": "admission.k8s.io/v1", "request": 7}"#),
+            "the body is not a JSON AdmissionReview: request: expected an AdmissionRequest, \
+             found 7"
+        );
+
+        let job: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/admission/001-Job-CREATE-mutate.json"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let warning = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut body = job.clone();
+            edit(&mut body["request"]["object"]);
+            let reviewed =
+                review(Webhook::Mutate, body.to_string().as_bytes(), &policy, &view).unwrap();
+            let sent: serde_json::Value = serde_json::from_slice(&reviewed.body).unwrap();
+            assert_eq!(sent["response"]["allowed"], true);
+            assert!(sent["response"].get("patch").is_none());
+            sent["response"]["warnings"][0].as_str().unwrap().to_owned()
+        };
+        let wrong_kind = warning(&|object| object["apiVersion"] = "v1".into());
+        assert_eq!(
+            wrong_kind,
+            "gpu-guard: the object does not decode as a batch/v1 Job: found apiVersion \"v1\" \
+             and kind \"Job\""
+        );
+        let no_kind = warning(&|object| {
+            object.as_object_mut().unwrap().remove("kind");
+        });
+        assert!(no_kind.ends_with("and no kind"), "{no_kind}");
+        let deadline = warning(&|object| object["spec"]["activeDeadlineSeconds"] = "soon".into());
+        assert!(
+            deadline.starts_with(
+                "gpu-guard: the object does not decode as a batch/v1 Job: \
+                 spec.activeDeadlineSeconds: expected a whole number"
+            ),
+            "{deadline}"
+        );
+        for message in [wrong_kind, no_kind, deadline] {
+            assert_for_people(&message);
+        }
+    }
+
     #[test]
     fn the_split_and_the_whole_body_give_the_same_answer() {
         let policy = Policy::embedded();

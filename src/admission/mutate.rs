@@ -7,6 +7,7 @@ use base64::Engine as _;
 
 use super::ReviewOutcome;
 use super::envelope::{IncomingRequest, Operation, Response, ReviewError};
+use crate::decode;
 use crate::mutate::SkipReason;
 use crate::mutate::object::{
     MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_jobset_json,
@@ -51,7 +52,7 @@ pub(super) fn mutate(
             .api_name()
         )),
         // Not JSON at all is malformed input, not an object gpu-guard cannot read.
-        Some(Err(ObjectError::Decode { source, .. })) if source.is_syntax() || source.is_eof() => {
+        Some(Err(ObjectError::Decode { source, .. })) if source.is_syntax() => {
             return Err(ReviewError::NotJson(source));
         }
         Some(Err(error @ ObjectError::PatchDoesNotApply(_))) => {
@@ -107,11 +108,11 @@ fn restore(
     if !old.contains(MUTATED_ANNOTATION) {
         return Ok((ReviewOutcome::Allowed, 0));
     }
-    let (new, old): (Value, Value) = match (serde_json::from_str(object), serde_json::from_str(old))
-    {
-        (Ok(new), Ok(old)) => (new, old),
-        (Err(source), _) | (_, Err(source)) => return Err(ReviewError::NotJson(source)),
-    };
+    let (new, old): (Value, Value) =
+        match (decode::from_json_str(object), decode::from_json_str(old)) {
+            (Ok(new), Ok(old)) => (new, old),
+            (Err(source), _) | (_, Err(source)) => return Err(ReviewError::NotJson(source)),
+        };
     match restore_object(&old, &new, policy, dra) {
         Some(Ok(mutation)) if !mutation.patch.is_empty() => {
             let restored: Vec<String> = mutation
@@ -155,7 +156,7 @@ fn mutate_raw(
         }
         MutableKind::CronJob => {}
     }
-    match serde_json::from_str(object) {
+    match decode::from_json_str(object) {
         Ok(value) => mutate_object_with(&value, policy, dra),
         Err(source) => Some(Err(ObjectError::Decode {
             kind: kind.api_name(),

@@ -43,9 +43,7 @@ pub(super) fn validate(
     })?;
     let namespace = request.namespace.as_deref().unwrap_or_default();
     match read_workload(kind, object, request.old_object) {
-        Err(error) if error.source.is_syntax() || error.source.is_eof() => {
-            Err(ReviewError::NotJson(error.source))
-        }
+        Err(error) if error.source.is_syntax() => Err(ReviewError::NotJson(error.source)),
         // The API server has checked the object's schema; this is not expected.
         Err(error) => {
             response.warnings.push(format!(
@@ -108,7 +106,7 @@ fn apply_verdict(verdict: &Verdict, response: &mut Response) -> (ReviewOutcome, 
             // The full text goes to the audit log.
             response.audit_annotations.insert(
                 GUARD_UNJUDGED_AUDIT_KEY.to_owned(),
-                format!("gpu-guard: {}", why.message()),
+                format!("gpu-guard: {}", why.webhook_message()),
             );
             response
                 .warnings

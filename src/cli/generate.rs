@@ -14,6 +14,7 @@ use crate::install;
 use crate::manifest::{self, Format};
 use crate::mutate;
 use crate::policy::Policy;
+use crate::rules::names::dns_label_errors;
 
 #[derive(Debug, Subcommand)]
 pub enum GenerateCommand {
@@ -141,7 +142,36 @@ pub(super) fn webhook_config(args: &WebhookConfigArgs) -> Report {
     }
 }
 
+/// Why the `--container` names cannot be the containers of one pod, as the API server checks
+/// them (kubernetes `pkg/apis/core/validation/validation.go`: `validateContainerCommon` checks
+/// each name with `ValidateDNS1123Label`, and the names of a pod's containers must differ).
+fn container_name_errors(names: &[String]) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut repeated = std::collections::BTreeSet::new();
+    for name in names {
+        for error in dns_label_errors(name) {
+            errors.push(format!("--container {name:?}: a container name {error}"));
+        }
+        if !seen.insert(name) && repeated.insert(name) {
+            errors.push(format!(
+                "--container {name:?} is given more than once: the containers of a pod must \
+                 have different names"
+            ));
+        }
+    }
+    errors
+}
+
 pub(super) fn failure_policy(args: &FailurePolicyArgs, policy: &Policy) -> Report {
+    let errors = container_name_errors(&args.containers);
+    if !errors.is_empty() {
+        return Report {
+            stderr: errors.iter().map(|e| format!("error: {e}\n")).collect(),
+            exit_code: 2,
+            ..Report::default()
+        };
+    }
     // A Job whose named containers each request a device, with nothing else the engine would
     // change, run through the real engine.
     let device = policy
@@ -182,14 +212,28 @@ pub(super) fn failure_policy(args: &FailurePolicyArgs, policy: &Policy) -> Repor
         }),
         ..Job::default()
     };
-    let outcome = mutate::mutate_job(&job, policy);
+    // Only the podFailurePolicy is printed: the other settings stay out of the run, and so do
+    // their warnings (a grace period raised on this made-up Job would mean nothing).
+    let mut only_failure_policy = policy.clone();
+    let mutation = &mut only_failure_policy.mutation;
+    mutation.termination_grace_period.enabled = false;
+    mutation.node_readiness_tolerations.enabled = false;
+    mutation.restart_rules.enabled = false;
+    mutation.active_deadline_seconds = None;
+    let outcome = mutate::mutate_job(&job, &only_failure_policy);
     let Some(mut generated) = outcome.job.spec.and_then(|spec| spec.pod_failure_policy) else {
         return failure(format!(
             "the policy injects no podFailurePolicy (is mutation.podFailurePolicy.enabled false?)\n{}",
             outcome.warnings.join("\n")
         ));
     };
-    let mut stderr = String::new();
+    // The engine's warnings, e.g. the fallback from containerName when one rule per container
+    // would pass the API server's limit of 20 rules.
+    let mut stderr: String = outcome
+        .warnings
+        .iter()
+        .map(|warning| format!("warning: {warning}\n"))
+        .collect();
     if args.containers.is_empty() {
         for rule in &mut generated.rules {
             if let Some(exit_codes) = &mut rule.on_exit_codes {

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use kube::config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
 
-/// Why no Kubernetes client could be made. Each message says what is wrong and how to fix it.
+/// Why no Kubernetes client could be made. Each message says what is wrong and how to fix it,
+/// naming only `--kubeconfig`, which every command that makes a client has; a command with
+/// another way out (`serve --no-cluster`) adds it.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// The kubeconfig file given (`--kubeconfig`) cannot be read.
@@ -41,7 +43,7 @@ pub enum ClusterError {
     /// be used, and the in-cluster configuration is not available either.
     #[error(
         "the kubeconfig {found} cannot be used and this is not running in a cluster: {source}; \
-         fix it, or pass --kubeconfig or --no-cluster"
+         fix it, or pass another one with --kubeconfig"
     )]
     FoundKubeconfigInvalid {
         /// Where the kubeconfig was found.
@@ -55,7 +57,7 @@ pub enum ClusterError {
     #[error(
         "running in a cluster (KUBERNETES_SERVICE_HOST is set) but the in-cluster configuration \
          cannot be loaded: {source}; mount the service account token \
-         (automountServiceAccountToken: true), or pass --kubeconfig or --no-cluster"
+         (automountServiceAccountToken: true), or pass a kubeconfig with --kubeconfig"
     )]
     InCluster {
         /// What kube says of the in-cluster configuration (and of the missing kubeconfig).
@@ -65,7 +67,7 @@ pub enum ClusterError {
     /// No `--kubeconfig`, no kubeconfig found and not running in a cluster.
     #[error(
         "no kubeconfig found (KUBECONFIG is unset and there is no ~/.kube/config) and not running \
-         in a cluster (KUBERNETES_SERVICE_HOST is unset): pass --kubeconfig or --no-cluster"
+         in a cluster (KUBERNETES_SERVICE_HOST is unset): pass a kubeconfig with --kubeconfig"
     )]
     NoConfig {
         /// kube's own account of what it tried.

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{NodeSelector, PodResourceClaim, ResourceClaim, Toleration};
 use serde::Deserialize;
 
+use crate::decode::{self, JsonError};
 use crate::field::FieldPath;
 
 /// The kinds the guard judges: Pods and every pod-template owner, JobSets and Kubeflow Trainer
@@ -124,31 +125,31 @@ impl PodTemplateView {
 pub struct DecodeError {
     pub kind: &'static str,
     #[source]
-    pub source: serde_json::Error,
+    pub source: JsonError,
 }
 
 impl Workload {
     /// Decodes the parts the guard reads from an object of `kind` in JSON.
     pub fn from_json(kind: GuardedKind, json: &str) -> Result<Self, DecodeError> {
         let decoded = match kind {
-            GuardedKind::Pod => serde_json::from_str::<PodObject>(json).map(|pod| Self {
+            GuardedKind::Pod => decode::from_json_str::<PodObject>(json).map(|pod| Self {
                 metadata: pod.metadata,
                 templates: PodTemplateView::single(&["spec"], pod.spec),
             }),
-            GuardedKind::CronJob => serde_json::from_str::<CronJobObject>(json).map(|cron| Self {
+            GuardedKind::CronJob => decode::from_json_str::<CronJobObject>(json).map(|cron| Self {
                 metadata: cron.metadata,
                 templates: PodTemplateView::single(
                     &["spec", "jobTemplate", "spec", "template", "spec"],
                     cron.spec.job_template.spec.template.spec,
                 ),
             }),
-            GuardedKind::JobSet => serde_json::from_str::<JobSetObject>(json).map(|jobset| Self {
+            GuardedKind::JobSet => decode::from_json_str::<JobSetObject>(json).map(|jobset| Self {
                 metadata: jobset.metadata,
                 templates: jobset.spec.templates(FieldPath::new(["spec"])),
             }),
             // A runtime holds a whole JobSetSpec, the one the Trainer builds each TrainJob from.
             GuardedKind::TrainingRuntime | GuardedKind::ClusterTrainingRuntime => {
-                serde_json::from_str::<RuntimeObject>(json).map(|runtime| Self {
+                decode::from_json_str::<RuntimeObject>(json).map(|runtime| Self {
                     metadata: runtime.metadata,
                     templates: runtime
                         .spec
@@ -162,7 +163,7 @@ impl Workload {
             | GuardedKind::DaemonSet
             | GuardedKind::ReplicaSet
             | GuardedKind::ReplicationController
-            | GuardedKind::Job => serde_json::from_str::<TemplateOwner>(json).map(|owner| Self {
+            | GuardedKind::Job => decode::from_json_str::<TemplateOwner>(json).map(|owner| Self {
                 metadata: owner.metadata,
                 templates: PodTemplateView::single(
                     &["spec", "template", "spec"],

@@ -67,19 +67,48 @@ pub enum Unjudged {
 }
 
 impl Unjudged {
-    /// The full explanation, with what to do (for `check` and the audit log).
+    /// The full explanation, with what to do, for `gpu-guard check`: a class can be listed in
+    /// the policy file, given with its `--priority-class` flag, or read from a cluster.
     pub fn message(&self) -> String {
+        self.explanation(Offline::Check)
+    }
+
+    /// The full explanation for the webhook's audit log: `serve` learns a class from the
+    /// policy file, or from the cluster when it runs with one (not `--no-cluster`).
+    pub fn webhook_message(&self) -> String {
+        self.explanation(Offline::Webhook)
+    }
+
+    fn explanation(&self, offline: Offline) -> String {
         match self {
-            Self::PriorityClass(class) => unjudged_message(class),
+            Self::PriorityClass(class) => {
+                let flag = match offline {
+                    Offline::Check => format!("pass --priority-class {class}=VALUE, "),
+                    Offline::Webhook => String::new(),
+                };
+                format!(
+                    "PriorityClass {class:?} is not known offline, so the priority of this \
+                     workload, which targets GPU nodes, was not checked; list it in \
+                     guard.offline.priorityClasses, {flag}or {}",
+                    offline.connect()
+                )
+            }
             Self::Claims(claims) => format!(
                 "whether this workload uses a device decides its minimum priority, and that \
                  depends on DRA claims gpu-guard cannot resolve ({}), so it was not checked; \
-                 ship the ResourceClaimTemplate beside the workload, or connect to the cluster",
+                 {}",
                 claims
                     .iter()
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
-                    .join("; ")
+                    .join("; "),
+                match offline {
+                    Offline::Check => format!(
+                        "ship the ResourceClaimTemplate beside the workload, or {}",
+                        offline.connect()
+                    ),
+                    Offline::Webhook => offline.connect().to_owned(),
+                }
             ),
         }
     }
@@ -100,13 +129,22 @@ impl Unjudged {
     }
 }
 
-/// What to tell the user about a workload whose PriorityClass the offline view does not know.
-pub fn unjudged_message(class: &str) -> String {
-    format!(
-        "PriorityClass {class:?} is not known offline, so the priority of this workload, which \
-         targets GPU nodes, was not checked; list it in guard.offline.priorityClasses, pass \
-         --priority-class {class}=VALUE, or connect to the cluster"
-    )
+/// Who explains an unjudged workload: the fixes each can offer differ.
+#[derive(Clone, Copy)]
+enum Offline {
+    /// `gpu-guard check`: manifests, its flags, or `--kubeconfig`.
+    Check,
+    /// `gpu-guard serve` without a cluster: the policy file, or a cluster.
+    Webhook,
+}
+
+impl Offline {
+    fn connect(self) -> &'static str {
+        match self {
+            Self::Check => "read the cluster's with --kubeconfig",
+            Self::Webhook => "run the webhook with a cluster (without --no-cluster)",
+        }
+    }
 }
 
 /// A workload that targets GPU nodes below its minimum priority.

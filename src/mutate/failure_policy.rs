@@ -61,7 +61,7 @@ fn restart_policy_allows_injection(draft: &mut Draft, settings: &FailurePolicySe
         Some("Never") => true,
         None | Some("") if draft.role == JobRole::JobSetReplica => {
             draft.apply(Change::SetRestartPolicy("Never".to_owned()));
-            draft.warn(
+            draft.note_change(
                 "restartPolicy was empty, which JobSet turns into OnFailure: set to Never so \
                  that a device failure fails the child Job and restarts the gang",
             );
@@ -77,17 +77,24 @@ fn restart_policy_allows_injection(draft: &mut Draft, settings: &FailurePolicySe
             }
             OnFailureRestartPolicy::ConvertToNever => {
                 draft.apply(Change::SetRestartPolicy("Never".to_owned()));
-                draft.warn(
+                draft.note_change(
                     "restartPolicy changed from OnFailure to Never: failed pods are replaced, \
                      not restarted in place",
                 );
                 true
             }
         },
-        other => {
+        None | Some("") => {
+            draft.warn(
+                "restartPolicy is not set, and a Job needs Never (or OnFailure): no \
+                 podFailurePolicy added",
+            );
+            false
+        }
+        Some(other) => {
             draft.warn(format!(
-                "restartPolicy {:?} is not valid for a Job (use Never): no podFailurePolicy added",
-                other.unwrap_or("")
+                "restartPolicy {other:?} is not valid for a Job (use Never): no podFailurePolicy \
+                 added"
             ));
             false
         }
@@ -116,12 +123,9 @@ fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &Failur
         _ => &[],
     };
 
-    let Some((rules, notes)) = choose_rules(draft, devices, settings, per_index, kept) else {
+    let Some(rules) = choose_rules(draft, devices, settings, per_index, kept) else {
         return;
     };
-    for note in notes {
-        draft.warn(note);
-    }
 
     match (existing, mode) {
         (Some(_), ExistingPolicy::Merge) => {
@@ -134,8 +138,8 @@ fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &Failur
     }
 }
 
-/// The device rules to add, within the rule limit, and the notes for the user; `None` when
-/// even the smallest set does not fit (a warning says so).
+/// The device rules to add, within the rule limit, with their warnings given to the draft;
+/// `None` when even the smallest set does not fit (a warning says so).
 ///
 /// First choice: one exit-code rule per device container. When that does not fit, one shared
 /// rule per exit-code setting (no `containerName`) holding the codes no container handles
@@ -149,7 +153,7 @@ fn choose_rules(
     settings: &FailurePolicySettings,
     per_index: bool,
     kept: &[PodFailurePolicyRule],
-) -> Option<(Vec<PodFailurePolicyRule>, Vec<String>)> {
+) -> Option<Vec<PodFailurePolicyRule>> {
     let fits = |rules: &[PodFailurePolicyRule]| kept.len() + rules.len() <= MAX_RULES;
     let mut notes = Vec::new();
     let mut rules = condition_rules(settings, draft.role, kept, &mut notes);
@@ -170,8 +174,12 @@ fn choose_rules(
         }
     }
     if fits(&rules) {
-        return Some((rules, notes));
+        for note in notes {
+            draft.warn(note);
+        }
+        return Some(rules);
     }
+    let needed = kept.len() + rules.len();
 
     let mut notes = Vec::new();
     let mut rules = condition_rules(settings, draft.role, kept, &mut notes);
@@ -219,20 +227,24 @@ fn choose_rules(
         ));
         return None;
     }
-    draft.warn(format!(
-        "{} device containers need too many rules; exit-code rules match every container",
+    draft.note_change(format!(
+        "{} device containers would need {needed} rules (limit {MAX_RULES}): exit-code rules \
+         match every container, without containerName",
         devices.targets.len()
     ));
+    for note in dedup(notes) {
+        draft.warn(note);
+    }
     let mut with_partial = rules.clone();
     with_partial.extend(partial.iter().cloned());
     if fits(&with_partial) {
-        return Some((with_partial, dedup(notes)));
+        return Some(with_partial);
     }
-    notes.push(format!(
+    draft.note_change(format!(
         "{} per-container exit-code rules left out for lack of room (limit {MAX_RULES})",
         partial.len()
     ));
-    Some((rules, dedup(notes)))
+    Some(rules)
 }
 
 fn dedup(notes: Vec<String>) -> Vec<String> {

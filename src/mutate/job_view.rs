@@ -25,8 +25,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
-use serde::de::Error as _;
 use serde_json::{Map, Value};
+
+use crate::decode::{self, JsonError};
 
 /// A raw Job as the engine sees it.
 #[derive(Debug)]
@@ -123,13 +124,15 @@ impl RawContainer {
 }
 
 /// Decodes a raw `batch/v1` Job's JSON text into what the engine reads.
-pub fn decode(raw: &str) -> Result<JobView, serde_json::Error> {
-    let raw: RawJob = serde_json::from_str(raw)?;
+pub fn decode(raw: &str) -> Result<JobView, JsonError> {
+    let raw: RawJob = decode::from_json_str(raw)?;
     match (raw.api_version.as_deref(), raw.kind.as_deref()) {
         (Some("batch/v1"), Some("Job")) => {}
         (api_version, kind) => {
-            return Err(serde_json::Error::custom(format!(
-                "expected apiVersion batch/v1 and kind Job, found {api_version:?} and {kind:?}"
+            // The error says what was expected (`does not decode as a batch/v1 Job`).
+            return Err(JsonError::custom(format!(
+                "found {}",
+                found_type(api_version, kind)
             )));
         }
     }
@@ -149,6 +152,20 @@ pub fn decode(raw: &str) -> Result<JobView, serde_json::Error> {
         },
         skeleton: Value::Object(skeleton),
     })
+}
+
+/// What an object says it is, for a message: `apiVersion "v1" and kind "Job"`, `no
+/// apiVersion and kind "Job"`.
+pub(super) fn found_type(api_version: Option<&str>, kind: Option<&str>) -> String {
+    let say = |name: &str, value: Option<&str>| match value {
+        Some(value) => format!("{name} {value:?}"),
+        None => format!("no {name}"),
+    };
+    format!(
+        "{} and {}",
+        say("apiVersion", api_version),
+        say("kind", kind)
+    )
 }
 
 /// The metadata the engine reads; puts `metadata` (with `annotations` when present) into

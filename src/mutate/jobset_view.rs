@@ -14,11 +14,11 @@
 use k8s_openapi::api::batch::v1::JobTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
-use serde::de::Error as _;
 use serde_json::{Map, Value};
 
-use super::job_view::{RawMetadata, RawSpec, job_spec, metadata};
+use super::job_view::{RawMetadata, RawSpec, found_type, job_spec, metadata};
 use super::object::MutableKind;
+use crate::decode::{self, JsonError};
 use crate::rules::jobset::{FailurePolicy, JobSetSpec, ReplicatedJob};
 
 /// A raw JobSet (or Trainer runtime) as the JobSet engine sees it.
@@ -73,8 +73,8 @@ struct RawJobTemplate {
 /// Decodes a raw object of `kind` (a JobSet or a Trainer runtime) from its JSON text into what
 /// the JobSet engine reads. An object whose own `apiVersion` and `kind` are not `kind`'s is an
 /// error, as for a Job.
-pub fn decode(raw: &str, kind: MutableKind) -> Result<JobSetView, serde_json::Error> {
-    let raw: RawObject = serde_json::from_str(raw)?;
+pub fn decode(raw: &str, kind: MutableKind) -> Result<JobSetView, JsonError> {
+    let raw: RawObject = decode::from_json_str(raw)?;
     let found = raw
         .api_version
         .as_deref()
@@ -84,11 +84,10 @@ pub fn decode(raw: &str, kind: MutableKind) -> Result<JobSetView, serde_json::Er
             MutableKind::from_gvk(group, version, kind)
         });
     if found != Some(kind) || kind.jobset_spec_root().is_none() {
-        return Err(serde_json::Error::custom(format!(
-            "expected a {}, found apiVersion {:?} and kind {:?}",
-            kind.api_name(),
-            raw.api_version,
-            raw.kind
+        // The error says what was expected (`does not decode as a jobset.x-k8s.io/...`).
+        return Err(JsonError::custom(format!(
+            "found {}",
+            found_type(raw.api_version.as_deref(), raw.kind.as_deref())
         )));
     }
 
@@ -97,14 +96,14 @@ pub fn decode(raw: &str, kind: MutableKind) -> Result<JobSetView, serde_json::Er
     let mut spec = JobSetSpec::default();
     if let Some(raw_spec) = raw.spec {
         let fields = match kind {
-            MutableKind::JobSet => jobset_spec(raw_spec, &mut spec)?,
+            MutableKind::JobSet => jobset_spec(raw_spec, &mut spec, "spec")?,
             _ => {
                 // A Trainer runtime: the JobSet spec is at spec.template.spec.
                 let mut template_fields = Map::new();
                 if let Some(template) = raw_spec.template {
                     let mut inner = Map::new();
                     if let Some(jobset) = template.spec {
-                        inner = jobset_spec(*jobset, &mut spec)?;
+                        inner = jobset_spec(*jobset, &mut spec, "spec.template.spec")?;
                     }
                     template_fields.insert("template".to_owned(), object(inner, "spec"));
                 }
@@ -125,11 +124,12 @@ fn object(fields: Map<String, Value>, key: &str) -> Value {
     Value::Object(Map::from_iter([(key.to_owned(), Value::Object(fields))]))
 }
 
-/// Fills `spec` from a raw JobSet spec; returns the spec's skeleton.
+/// Fills `spec` from a raw JobSet spec found at `path`; returns the spec's skeleton.
 fn jobset_spec(
     raw: RawJobSetSpec,
     spec: &mut JobSetSpec,
-) -> Result<Map<String, Value>, serde_json::Error> {
+    path: &str,
+) -> Result<Map<String, Value>, JsonError> {
     let mut fields = Map::new();
     if let Some(replicated) = raw.replicated_jobs {
         let mut items = Vec::with_capacity(replicated.len());
@@ -158,7 +158,10 @@ fn jobset_spec(
         fields.insert("replicatedJobs".to_owned(), Value::Array(items));
     }
     if let Some(policy) = raw.failure_policy {
-        spec.failure_policy = Some(FailurePolicy::deserialize(&policy)?);
+        spec.failure_policy = Some(
+            decode::from_json_value::<FailurePolicy>(&policy)
+                .map_err(|error| error.under(&format!("{path}.failurePolicy")))?,
+        );
         fields.insert("failurePolicy".to_owned(), policy);
     }
     spec.suspend = raw.suspend;

@@ -110,6 +110,10 @@ pub struct Outcome {
     pub changes: Vec<Change>,
     /// Messages for the user (the webhook sends them as admission warnings).
     pub warnings: Vec<String>,
+    /// The `warnings` that describe one of `changes` (`terminationGracePeriodSeconds raised
+    /// from 30 to 60`): a caller that drops the changes drops these too
+    /// ([`Outcome::input_warnings`]), so that no message tells of a change that was not made.
+    pub change_notes: Vec<String>,
     /// Set when the Job was not a candidate at all.
     pub skipped: Option<SkipReason>,
 }
@@ -120,8 +124,17 @@ impl Outcome {
             job: job.clone(),
             changes: Vec::new(),
             warnings: Vec::new(),
+            change_notes: Vec::new(),
             skipped: Some(reason),
         }
+    }
+
+    /// The warnings that stay true when the changes are dropped: those about the Job as it
+    /// came, not about what the engine changed.
+    pub fn input_warnings(&self) -> impl Iterator<Item = &String> {
+        self.warnings
+            .iter()
+            .filter(|warning| !self.change_notes.contains(warning))
     }
 
     /// Whether the engine changed the Job.
@@ -151,6 +164,7 @@ pub(crate) struct Draft {
     role: JobRole,
     changes: Vec<Change>,
     warnings: Vec<String>,
+    change_notes: Vec<String>,
 }
 
 impl Draft {
@@ -159,8 +173,17 @@ impl Draft {
         self.changes.push(change);
     }
 
+    /// A warning about the Job as it came: it stays true whatever the engine decides.
     pub(crate) fn warn(&mut self, warning: impl Into<String>) {
         self.warnings.push(warning.into());
+    }
+
+    /// A warning that tells of a change this run makes (`raised from 30 to 60`): dropped with
+    /// the changes when the result is not returned.
+    pub(crate) fn note_change(&mut self, note: impl Into<String>) {
+        let note = note.into();
+        self.change_notes.push(note.clone());
+        self.warnings.push(note);
     }
 
     pub(crate) fn spec(&self) -> &JobSpec {
@@ -263,6 +286,7 @@ pub fn mutate_job_as(
         role,
         changes: Vec::new(),
         warnings: Vec::new(),
+        change_notes: Vec::new(),
     };
     draft.warnings.extend(devices.unresolved.iter().cloned());
     let mutation = &policy.mutation;
@@ -284,6 +308,7 @@ pub fn mutate_job_as(
             job: draft.job,
             changes: draft.changes,
             warnings: draft.warnings,
+            change_notes: Vec::new(),
             skipped: None,
         };
     }
@@ -295,14 +320,22 @@ pub fn mutate_job_as(
 
     let violations = rules::job::check_job(&draft.job);
     if let Some(first) = violations.first() {
-        let mut warnings = draft.warnings;
-        warnings.push(format!(
-            "Job left unchanged, the API server would reject the result: {first}"
-        ));
+        // Nothing is changed, so no warning may tell of a change.
+        let mut warnings: Vec<String> = draft
+            .warnings
+            .into_iter()
+            .filter(|warning| !draft.change_notes.contains(warning))
+            .collect();
+        warnings.push(if rules::job::check_job(job).contains(first) {
+            format!("Job left unchanged: the API server will reject it as it is: {first}")
+        } else {
+            format!("Job left unchanged, the API server would reject the result: {first}")
+        });
         return Outcome {
             job: job.clone(),
             changes: Vec::new(),
             warnings,
+            change_notes: Vec::new(),
             skipped: None,
         };
     }
@@ -310,6 +343,7 @@ pub fn mutate_job_as(
         job: draft.job,
         changes: draft.changes,
         warnings: draft.warnings,
+        change_notes: draft.change_notes,
         skipped: None,
     }
 }

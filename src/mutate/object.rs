@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::jobset::{JobSetOutcome, lacks_exactly_the_gang_part, mutate_jobset};
 use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use super::{job_view, jobset_view};
+use crate::decode::{self, JsonError};
 use crate::field::FieldPath;
 use crate::mutate::{
     ClusterFacts, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
@@ -134,7 +135,7 @@ pub enum ObjectError {
     Decode {
         kind: &'static str,
         #[source]
-        source: serde_json::Error,
+        source: JsonError,
     },
     #[error("internal error: the computed patch does not apply to the object: {0}")]
     PatchDoesNotApply(#[from] json_patch::PatchError),
@@ -164,10 +165,11 @@ fn mutate_known(
 ) -> Result<ObjectMutation, ObjectError> {
     let (outcome, patch) = match kind {
         MutableKind::Job => {
-            let job = Job::deserialize_from(raw).map_err(|source| ObjectError::Decode {
-                kind: kind.api_name(),
-                source,
-            })?;
+            let job =
+                decode::from_json_value::<Job>(raw).map_err(|source| ObjectError::Decode {
+                    kind: kind.api_name(),
+                    source,
+                })?;
             let outcome = mutate_job_with(&job, policy, dra);
             let patch = patch::operations(&outcome.changes, raw, JOB_ROOT);
             (ObjectOutcome::Job(Box::new(outcome)), patch)
@@ -414,21 +416,10 @@ fn part<T: serde::de::DeserializeOwned>(
     kind: MutableKind,
 ) -> Result<Option<T>, ObjectError> {
     raw.pointer(pointer)
-        .map(T::deserialize_from)
+        .map(decode::from_json_value)
         .transpose()
         .map_err(|source| ObjectError::Decode {
             kind: kind.api_name(),
-            source,
+            source: source.under(&pointer.trim_start_matches('/').replace('/', ".")),
         })
-}
-
-/// Deserializes a k8s-openapi type from a borrowed JSON value.
-trait FromValue: Sized {
-    fn deserialize_from(value: &Value) -> Result<Self, serde_json::Error>;
-}
-
-impl<T: serde::de::DeserializeOwned> FromValue for T {
-    fn deserialize_from(value: &Value) -> Result<Self, serde_json::Error> {
-        T::deserialize(value)
-    }
 }

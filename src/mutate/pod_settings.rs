@@ -28,13 +28,13 @@ pub(super) fn apply_grace_window(draft: &mut Draft, window: &GraceWindow) {
         .unwrap_or(DEFAULT_GRACE_SECONDS);
     if current < window.minimum_seconds {
         draft.apply(Change::SetTerminationGracePeriod(window.minimum_seconds));
-        draft.warn(format!(
+        draft.note_change(format!(
             "terminationGracePeriodSeconds raised from {current} to {} to leave time to checkpoint",
             window.minimum_seconds
         ));
     } else if current > window.maximum_seconds {
         draft.apply(Change::SetTerminationGracePeriod(window.maximum_seconds));
-        draft.warn(format!(
+        draft.note_change(format!(
             "terminationGracePeriodSeconds lowered from {current} to {} to free devices sooner",
             window.maximum_seconds
         ));

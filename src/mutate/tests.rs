@@ -486,6 +486,36 @@ fn a_result_the_api_server_would_reject_is_never_returned() {
 }
 
 #[test]
+fn a_job_left_unchanged_is_told_of_no_change() {
+    // No restartPolicy: the API server refuses the Job as it is. The engine drops its grace
+    // period change with the rest, and no warning says it was made.
+    let mut unset = gpu_job(json!({}), json!({}));
+    let pod = unset.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    pod.restart_policy = None;
+    let outcome = mutate_job(&unset, &Policy::default());
+    assert!(!outcome.is_changed());
+    assert_eq!(outcome.job, unset);
+    assert_eq!(
+        outcome.warnings,
+        vec![
+            "restartPolicy is not set, and a Job needs Never (or OnFailure): no podFailurePolicy \
+             added",
+            "Job left unchanged: the API server will reject it as it is: \
+             spec.template.spec.restartPolicy: Required value: valid values: \"OnFailure\", \
+             \"Never\"",
+        ]
+    );
+    assert!(outcome.change_notes.is_empty());
+
+    // When the changes stand, the note of each is given, and known as one.
+    let outcome = mutate_job(&gpu_job(json!({}), json!({})), &Policy::default());
+    let raised = "terminationGracePeriodSeconds raised from 30 to 60 to leave time to checkpoint";
+    assert_eq!(outcome.warnings, vec![raised]);
+    assert_eq!(outcome.change_notes, vec![raised]);
+    assert_eq!(outcome.input_warnings().count(), 0);
+}
+
+#[test]
 fn active_deadline_is_set_only_when_asked_and_absent() {
     let mut policy = Policy::default();
     assert_eq!(

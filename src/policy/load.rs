@@ -9,6 +9,7 @@ use yaml_rust2::scanner::Marker;
 
 use super::Policy;
 use super::validate::validate;
+use crate::decode;
 use crate::field::{DocumentKey, FieldPath};
 
 /// One thing wrong with a policy file, with where it is.
@@ -111,14 +112,32 @@ pub fn parse(source: &str, file: &str) -> Result<Policy, PolicyError> {
     };
     let policy: Policy = serde_path_to_error::deserialize(document).map_err(|error| {
         let field = error.path().to_string();
+        let field = if field == "." { String::new() } else { field };
         let inner = error.into_inner();
         let location = inner.location();
-        invalid(vec![PolicyProblem {
-            line: location.as_ref().map(|l| l.line()),
-            column: location.as_ref().map(|l| l.column()),
-            field: if field == "." { String::new() } else { field },
-            message: clean_serde_message(&inner.to_string()),
-        }])
+        let (line, column) = (
+            location.as_ref().map(|l| l.line()),
+            location.as_ref().map(|l| l.column()),
+        );
+        let tab = line
+            .zip(column)
+            .and_then(|(line, column)| decode::tab_message(source, line, column));
+        let problem = match tab {
+            // A syntax error: the field being read says nothing about it.
+            Some(message) => PolicyProblem {
+                line,
+                column,
+                field: String::new(),
+                message,
+            },
+            None => PolicyProblem {
+                line,
+                column,
+                message: serde_message(&inner.to_string(), &field),
+                field,
+            },
+        };
+        invalid(vec![problem])
     })?;
     if documents.next().is_some() {
         return Err(invalid(vec![PolicyProblem {
@@ -151,13 +170,20 @@ pub fn parse(source: &str, file: &str) -> Result<Policy, PolicyError> {
     ))
 }
 
-/// serde_norway appends " at line L column C" to its messages; the location is reported
-/// separately, so drop it from the text.
-fn clean_serde_message(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(position) => message[..position].to_owned(),
-        None => message.to_owned(),
-    }
+/// serde_norway's message for the problem at `field`, in words: serde_norway puts the field
+/// in front (`guard.mode: ...`) and appends ` at line L column C`, both reported separately, so
+/// both are dropped from the text.
+fn serde_message(message: &str, field: &str) -> String {
+    let message = match message.rfind(" at line ") {
+        Some(position) => &message[..position],
+        None => message,
+    };
+    let message = message
+        .strip_prefix(field)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .filter(|_| !field.is_empty())
+        .unwrap_or(message);
+    decode::in_words(message)
 }
 
 // === impl SourceTree ===
@@ -291,6 +317,50 @@ mod tests {
         assert_eq!(
             found[0].field,
             "mutation.terminationGracePeriod.minimumSeconds"
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_field_once_and_no_rust_type() {
+        for (source, expected) in [
+            (
+                "guard:\n  minimumPriority:\n    withDevice: abc\n",
+                "3:17: guard.minimumPriority.withDevice: expected a whole number, found the \
+                 string \"abc\"",
+            ),
+            (
+                "guard:\n  minimumPriority:\n    withDevice: 99999999999999999999999\n",
+                "3:17: guard.minimumPriority.withDevice: expected a whole number from \
+                 -2147483648 to 2147483647, found 99999999999999999999999",
+            ),
+            (
+                "controller:\n  nodeHealth:\n    maxTaintedPercent: -1\n",
+                "3:24: controller.nodeHealth.maxTaintedPercent: expected a whole number from 0 \
+                 to 4294967295, found -1",
+            ),
+            ("guard: 5\n", "1:8: guard: expected a map, found 5"),
+            (
+                "guard:\n  mode: 5\n",
+                "2:9: guard.mode: unknown value `5`, expected one of `Enforce`, `Warn`, `Audit`",
+            ),
+        ] {
+            let text = parse(source, "p.yaml").unwrap_err().to_string();
+            assert_eq!(
+                text,
+                format!("invalid policy (1 problem):\n  p.yaml:{expected}")
+            );
+        }
+    }
+
+    #[test]
+    fn a_tab_is_named_as_a_tab() {
+        let text = parse("guard:\n\tmode: Warn\n", "p.yaml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            text,
+            "invalid policy (1 problem):\n  p.yaml:2:1: a tab character at line 2, column 1: YAML \
+             indentation must use spaces"
         );
     }
 

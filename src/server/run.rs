@@ -96,7 +96,12 @@ async fn cluster_source(
     }
     let client = cluster::client(settings.kubeconfig.as_deref())
         .await
-        .map_err(|error| error.to_string())?;
+        .map_err(|error| {
+            format!(
+                "{error}; or run without a cluster with --no-cluster (PriorityClasses and GPU \
+                 nodes from the policy file's guard.offline)"
+            )
+        })?;
     tracing::info!("watching PriorityClasses and Nodes");
     Ok(ClusterSource::Cache(cluster::ClusterCache::start(client)))
 }

@@ -143,6 +143,9 @@ pub fn mutate_jobset(
     let mut mutated = spec.clone();
     let mut replicated = Vec::new();
     let mut warnings = Vec::new();
+    // The warnings that stay true if the JobSet is left unchanged after all: none that tells
+    // of a change to a replicated Job or to the JobSet's failure policy.
+    let mut input_warnings = Vec::new();
     for (index, replica) in spec.replicated_jobs.iter().enumerate() {
         let job = Job {
             metadata: replica.template.metadata.clone().unwrap_or_default(),
@@ -152,12 +155,9 @@ pub fn mutate_jobset(
         // The replicated Jobs are created in the JobSet's namespace.
         let facts = ClusterFacts::of(metadata, dra);
         let outcome = mutate_job_as(&job, policy, JobRole::JobSetReplica, facts);
-        warnings.extend(
-            outcome
-                .warnings
-                .iter()
-                .map(|warning| format!("replicatedJob {}: {warning}", replica.name)),
-        );
+        let about_replica = |warning: &String| format!("replicatedJob {}: {warning}", replica.name);
+        warnings.extend(outcome.warnings.iter().map(about_replica));
+        input_warnings.extend(outcome.input_warnings().map(about_replica));
         if outcome.is_changed() {
             let template = &mut mutated.replicated_jobs[index].template;
             template.metadata = Some(outcome.job.metadata.clone());
@@ -182,11 +182,11 @@ pub fn mutate_jobset(
     if let Some(first) = violations.first()
         && check_jobset_spec(spec, path).is_empty()
     {
-        warnings.push(format!(
+        input_warnings.push(format!(
             "JobSet left unchanged, JobSet's webhook or the API server would reject the result: \
              {first}"
         ));
-        return JobSetOutcome::unchanged(spec, warnings, None);
+        return JobSetOutcome::unchanged(spec, input_warnings, None);
     }
     JobSetOutcome {
         spec: mutated,

@@ -29,12 +29,16 @@ pub enum LogFormat {
 /// Logs to stderr, as text or one JSON object a line, filtered by `level` (a level or a
 /// tracing filter; `info` when it does not parse). Text is coloured only on a terminal
 /// ([`log_colours`]): a log file or a collector gets no escape codes.
-pub fn init_logging(format: LogFormat, level: &str) {
+pub fn init_logging(format: LogFormat, level: &str, colour: LogColour) {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let colours = log_colours(
-        std::io::stderr().is_terminal(),
-        std::env::var_os("NO_COLOR").as_deref(),
-    );
+    let colours = match colour {
+        LogColour::Always => true,
+        LogColour::Never => false,
+        LogColour::Auto => log_colours(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colours)
@@ -44,6 +48,16 @@ pub fn init_logging(format: LogFormat, level: &str) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// Whether text logs carry colour codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogColour {
+    /// When stderr is a terminal and `NO_COLOR` is unset or empty.
+    Auto,
+    Always,
+    Never,
 }
 
 /// Whether text logs carry ANSI colours: only when stderr is a terminal, and not when

@@ -799,6 +799,11 @@ fn a_command_without_a_cluster_names_only_its_own_flags_and_logs_to_a_pipe_witho
         "escape codes: {:?}",
         out.stderr
     );
+    // Asked for, colour is there even in a pipe.
+    let mut coloured = gpu_guard();
+    coloured.args(["controller", "--log-color", "always"]);
+    let out = run(without_cluster_configuration(&mut coloured, home.path())).expect_code(1);
+    assert!(out.stderr.contains('\u{1b}'), "no colour: {:?}", out.stderr);
 
     // `serve` with a kubeconfig it cannot use: both ways out are its own flags.
     let kubeconfig = home.path().join("kubeconfig");

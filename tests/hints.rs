@@ -67,6 +67,8 @@ const ENGINE: &[&str] = &["serve", "mutate", "check", "generate failure-policy"]
 
 /// Flags of a shared file's texts that only some of its commands print: (file, flag, commands).
 const PER_COMMAND: &[(&str, &str, &[&str])] = &[
+    // The arguments `-o json` is recognised by in a refused command line: mutate and check.
+    ("src/cli/mod.rs", "output", &["mutate", "check"]),
     // `Unjudged::message` (check) and `Unjudged::webhook_message` (serve).
     ("src/guard/mod.rs", "priority-class", &["check"]),
     ("src/guard/mod.rs", "kubeconfig", &["check"]),

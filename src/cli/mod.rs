@@ -25,7 +25,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::install;
 use crate::manifest::{self, Format};
 use crate::policy::{self, Policy, PolicyError};
-use crate::process::{self, LogFormat, Stopped};
+use crate::process::{self, LogColour, LogFormat, Stopped};
 
 pub use certs::CertsArgs;
 pub use check::{CheckArgs, CheckFormat};
@@ -127,11 +127,15 @@ pub struct LogArgs {
     /// Log level or tracing filter (e.g. info, debug, gpu_guard=debug).
     #[arg(long, env = "GPU_GUARD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+    /// Colour codes in text logs: auto (only when stderr is a terminal and NO_COLOR is unset),
+    /// always or never.
+    #[arg(long, env = "GPU_GUARD_LOG_COLOR", value_enum, default_value = "auto")]
+    pub log_color: LogColour,
 }
 
 impl LogArgs {
     fn init(&self) {
-        process::init_logging(self.log_format, &self.log_level);
+        process::init_logging(self.log_format, &self.log_level, self.log_color);
     }
 }
 
@@ -382,6 +386,11 @@ macro_rules! value_enum {
 value_enum!(LogFormat {
     Json => "json": "One JSON object a line (for log collectors)",
     Text => "text": "Human-readable lines",
+});
+value_enum!(LogColour {
+    Auto => "auto": "Colour only when stderr is a terminal and NO_COLOR is unset or empty",
+    Always => "always",
+    Never => "never",
 });
 value_enum!(Format { Yaml => "yaml", Json => "json" });
 use install::FailurePolicy;

@@ -416,7 +416,9 @@ mod tests {
                 let after = match i % 3 {
                     // unchanged, changed in the middle, changed at both ends
                     0 => before.clone(),
-                    1 => before.replace("line5\n", "line5\nadded\n").replace("line7\n", ""),
+                    1 => before
+                        .replace("line5\n", "line5\nadded\n")
+                        .replace("line7\n", ""),
                     _ => format!("first\n{}last\n", before.replace("line0\n", "LINE0\n")),
                 };
                 (before, after)
@@ -430,9 +432,17 @@ mod tests {
         }
         assert!(changed);
         let text = String::from_utf8(out).unwrap();
-        assert!(text.starts_with("--- a/x.yaml\n+++ b/x.yaml\n@@ "), "{text}");
+        assert!(
+            text.starts_with("--- a/x.yaml\n+++ b/x.yaml\n@@ "),
+            "{text}"
+        );
         let whole = |pick: fn(&(String, String)) -> &String| {
-            documents.iter().map(pick).cloned().collect::<Vec<_>>().join("---\n")
+            documents
+                .iter()
+                .map(pick)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("---\n")
         };
         assert_eq!(apply(&whole(|d| &d.0), &text), whole(|d| &d.1), "{text}");
 

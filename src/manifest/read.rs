@@ -79,33 +79,20 @@ pub fn read_yaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
         .collect())
 }
 
-/// yaml-rust2's message, and what it means when a tab is at fault (yaml-rust2 says "found
-/// character that cannot start any token" or speaks of tabs in indentation).
+/// yaml-rust2's message, said for people: a tab at fault is named as a tab, and the scanner's
+/// flow limit is named as a limit.
 fn scan_message(text: &str, marker: &Marker, info: &str) -> String {
-    let line = text
-        .lines()
-        .nth(marker.line().saturating_sub(1))
-        .unwrap_or("");
-    let indentation = &line[..line.len() - line.trim_start().len()];
-    let tab = line
-        .chars()
-        .nth(marker.col())
-        .filter(|c| *c == '\t')
-        .map(|_| marker.col())
-        .or_else(|| indentation.find('\t'));
     if info == "recursion limit exceeded" {
         // yaml-rust2 counts flow levels in a byte.
         return "nested deeper than 255 levels of [ ] and { } (the YAML scanner's limit)"
             .to_owned();
     }
-    match tab {
-        Some(column) if info.contains("token") || info.contains("tab") => format!(
-            "a tab character at line {}, column {}: YAML indentation must use spaces, not tabs",
-            marker.line(),
-            column + 1
-        ),
-        _ => info.to_owned(),
+    if info.contains("token") || info.contains("tab") {
+        if let Some(message) = crate::decode::tab_message(text, marker.line(), marker.col() + 1) {
+            return message;
+        }
     }
+    info.to_owned()
 }
 
 enum Frame {

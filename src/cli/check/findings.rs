@@ -113,7 +113,7 @@ pub fn learn(view: &mut StaticView, object: &Object<'_>) -> Result<(), String> {
                 }
             }
         }
-        (Some("v1"), Some("Node")) => match serde_json::from_value(value.clone()) {
+        (Some("v1"), Some("Node")) => match crate::decode::from_json_value(value) {
             Ok(node) => view.add_node(node),
             Err(error) => {
                 return Err(format!(
@@ -265,10 +265,21 @@ pub fn check(
                 finding.minimum = Some(violation.minimum);
             }
         }
-        if let Some(Ok(mutation)) = object::mutate_object_with(value, policy, view.dra())
-            && !mutation.patch.is_empty()
-        {
-            finding.mutation = Some(mutation.outcome.summary());
+        match object::mutate_object_with(value, policy, view.dra()) {
+            Some(Ok(mutation)) if !mutation.patch.is_empty() => {
+                finding.mutation = Some(mutation.outcome.summary());
+            }
+            // `mutate` reports the same object as an error: the API server would refuse it.
+            Some(Err(error)) if finding.verdict != "error" => {
+                finding.mutation = Some(format!("cannot mutate: {error}"));
+                checked.errors.push(format!(
+                    "{} {} {}: {error}",
+                    object.location(),
+                    finding.kind,
+                    finding.name
+                ));
+            }
+            _ => {}
         }
         checked.findings.push(finding);
     }

@@ -1722,9 +1722,11 @@ fn generate_webhook_config_prints_the_base_and_takes_options() {
             "PodDisruptionBudget",
             "Service",
             "MutatingWebhookConfiguration",
-            "ValidatingWebhookConfiguration"
+            "ValidatingWebhookConfiguration",
+            "NetworkPolicy"
         ]
     );
+    assert_eq!(documents[9].value["metadata"]["namespace"], "infra");
     let validating = &documents[8].value["webhooks"][0];
     assert_eq!(validating["failurePolicy"], "Fail");
     assert_eq!(validating["clientConfig"]["service"]["namespace"], "infra");

@@ -18,6 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Service};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -731,4 +732,246 @@ fn the_mutating_webhook_registers_every_kind_the_engine_changes() {
     patched.sort();
     patched.dedup();
     assert_eq!(patched, ["cronjobs", "jobs"]);
+}
+
+// === NetworkPolicies ===
+
+/// Where a connection comes from or goes to, as a NetworkPolicy sees it.
+#[derive(Clone, Copy, Debug)]
+enum Peer<'a> {
+    /// A pod in this namespace.
+    PodIn(&'a str),
+    /// An address outside every pod: the API server calling a webhook, or its endpoint.
+    Outside,
+}
+
+/// Whether `peers` (a rule's `from` or `to`) match `peer`. Only the selectors the generator uses
+/// are understood (a namespace selector by labels, with no pod selector); anything else fails
+/// the test, so this stays a faithful reading of what is generated.
+fn peers_match(peers: Option<&Vec<NetworkPolicyPeer>>, peer: Peer<'_>) -> bool {
+    let Some(peers) = peers else {
+        return true; // no `from`/`to`: every source or destination
+    };
+    peers.iter().any(|selector| {
+        assert!(
+            selector.ip_block.is_none() && selector.pod_selector.is_none(),
+            "unsupported peer {selector:?}: teach peers_match about it"
+        );
+        let labels = selector
+            .namespace_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .expect("a namespace selector by labels");
+        match peer {
+            // The only label every namespace is known to carry: its name.
+            Peer::PodIn(namespace) => labels
+                .iter()
+                .all(|(k, v)| k == install::NAMESPACE_NAME_LABEL && v == namespace),
+            Peer::Outside => false,
+        }
+    })
+}
+
+fn ports_match(ports: Option<&Vec<NetworkPolicyPort>>, port: i32, protocol: &str) -> bool {
+    ports.is_none_or(|ports| {
+        ports.iter().any(|p| {
+            let same_protocol = p.protocol.as_deref().unwrap_or("TCP") == protocol;
+            match &p.port {
+                None => same_protocol, // every port
+                Some(IntOrString::Int(n)) => same_protocol && *n == port,
+                Some(IntOrString::String(name)) => panic!("named port {name}: use numbers"),
+            }
+        })
+    })
+}
+
+/// Whether the policy allows a connection in `direction` (`Ingress`: from `peer` to `port` of
+/// the pods it selects; `Egress`: from those pods to `port` of `peer`).
+fn allows(
+    policy: &NetworkPolicy,
+    direction: &str,
+    peer: Peer<'_>,
+    port: i32,
+    protocol: &str,
+) -> bool {
+    let spec = policy.spec.as_ref().unwrap();
+    let isolated = spec
+        .policy_types
+        .as_ref()
+        .is_some_and(|types| types.iter().any(|t| t == direction));
+    if !isolated {
+        return true;
+    }
+    let rules: Vec<_> = match direction {
+        "Ingress" => spec
+            .ingress
+            .iter()
+            .flatten()
+            .map(|rule| (rule.from.as_ref(), rule.ports.as_ref()))
+            .collect(),
+        _ => spec
+            .egress
+            .iter()
+            .flatten()
+            .map(|rule| (rule.to.as_ref(), rule.ports.as_ref()))
+            .collect(),
+    };
+    rules
+        .into_iter()
+        .any(|(peers, ports)| peers_match(peers, peer) && ports_match(ports, port, protocol))
+}
+
+fn named_port(container: &Container, name: &str) -> i32 {
+    container
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("{}: no container port {name}", container.name))
+        .container_port
+}
+
+/// Both components' pods get a NetworkPolicy that lets in exactly what they serve (the API
+/// server's webhook calls; Prometheus in the monitoring namespace on the admin port) and lets
+/// out only the API server and the cluster DNS.
+#[test]
+fn the_network_policies_let_in_the_api_server_and_prometheus_and_out_the_api_server_and_dns() {
+    let objects = objects();
+    let policies: Vec<NetworkPolicy> = one(&objects, "NetworkPolicy");
+    let deployments: Vec<Deployment> = one(&objects, "Deployment");
+    let services: Vec<Service> = one(&objects, "Service");
+    let service_ports = services[0].spec.as_ref().unwrap().ports.clone().unwrap();
+    let monitoring = install::MONITORING_NAMESPACE;
+    let other_namespaces = ["default", "ml-team", "kube-system"];
+
+    assert_eq!(deployments.len(), 2, "the webhook and the controller");
+    for deployment in &deployments {
+        let name = deployment.metadata.name.clone().unwrap();
+        let namespace = deployment.metadata.namespace.as_deref().unwrap();
+        let pod_labels = deployment.spec.as_ref().unwrap().template.metadata.clone();
+        let pod_labels = pod_labels.unwrap().labels.unwrap();
+        // Exactly one policy selects the pods, in their namespace.
+        let selecting: Vec<&NetworkPolicy> = policies
+            .iter()
+            .filter(|p| {
+                let selector = p.spec.as_ref().unwrap().pod_selector.clone().unwrap();
+                p.metadata.namespace.as_deref() == Some(namespace)
+                    && selector
+                        .match_labels
+                        .unwrap()
+                        .iter()
+                        .all(|(k, v)| pod_labels.get(k) == Some(v))
+            })
+            .collect();
+        assert_eq!(
+            selecting.len(),
+            1,
+            "{name}: one NetworkPolicy selects its pods"
+        );
+        let policy = selecting[0];
+        let container = webhook_container(deployment);
+        let admin = named_port(container, "admin");
+
+        // In: every container port is open to whoever must reach it, and nothing else is.
+        let open_ports: Vec<i32> = container
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| p.container_port)
+            .collect();
+        for port in [1, 22, 80, 443, 9090, 10250] {
+            if !open_ports.contains(&port) {
+                assert!(
+                    !allows(policy, "Ingress", Peer::Outside, port, "TCP")
+                        && !allows(policy, "Ingress", Peer::PodIn(monitoring), port, "TCP"),
+                    "{name}: port {port} is open though no container listens on it"
+                );
+            }
+        }
+        // Prometheus scrapes the admin port; no other namespace reaches it.
+        assert!(
+            allows(policy, "Ingress", Peer::PodIn(monitoring), admin, "TCP"),
+            "{name}: Prometheus cannot scrape"
+        );
+        for namespace in other_namespaces {
+            assert!(
+                !allows(policy, "Ingress", Peer::PodIn(namespace), admin, "TCP"),
+                "{name}: a pod in {namespace} reaches the admin port"
+            );
+        }
+        assert!(
+            !allows(policy, "Ingress", Peer::Outside, admin, "TCP"),
+            "{name}: the admin port is open to all"
+        );
+        if name == "gpu-guard" {
+            // The API server calls the Service's webhook port from an address no selector can
+            // name: the port it targets is open to every source.
+            let target = service_ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some("webhook"))
+                .and_then(|p| p.target_port.clone())
+                .unwrap();
+            let IntOrString::String(target) = target else {
+                panic!("named target port")
+            };
+            let webhook = named_port(container, &target);
+            assert_eq!(webhook, i32::from(wellknown::WEBHOOK_PORT));
+            for from in [
+                Peer::Outside,
+                Peer::PodIn("kube-system"),
+                Peer::PodIn(monitoring),
+            ] {
+                assert!(
+                    allows(policy, "Ingress", from, webhook, "TCP"),
+                    "{name}: {from:?} cannot call the webhook"
+                );
+            }
+            assert!(!allows(policy, "Ingress", Peer::Outside, webhook, "UDP"));
+            // The ServiceMonitor's port is the Service port that targets the admin port.
+            let monitored = objects["ServiceMonitor"][0].1["spec"]["endpoints"][0]["port"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let scraped = service_ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some(monitored.as_str()))
+                .unwrap();
+            assert_eq!(
+                scraped.target_port,
+                Some(IntOrString::String("admin".into()))
+            );
+        } else {
+            // The PodMonitor scrapes the controller's admin port by name.
+            let podmonitor = &objects["PodMonitor"][0].1["spec"]["podMetricsEndpoints"][0]["port"];
+            assert_eq!(named_port(container, podmonitor.as_str().unwrap()), admin);
+        }
+
+        // Out: the API server by port (its endpoints listen on 443 or 6443), DNS in kube-system.
+        for port in [443, 6443] {
+            assert!(
+                allows(policy, "Egress", Peer::Outside, port, "TCP"),
+                "{name}: cannot reach an API server on {port}"
+            );
+        }
+        for protocol in ["UDP", "TCP"] {
+            assert!(
+                allows(policy, "Egress", Peer::PodIn("kube-system"), 53, protocol),
+                "{name}: no DNS over {protocol}"
+            );
+            assert!(
+                !allows(policy, "Egress", Peer::PodIn("default"), 53, protocol),
+                "{name}: DNS outside kube-system"
+            );
+            assert!(
+                !allows(policy, "Egress", Peer::Outside, 53, protocol),
+                "{name}: DNS to any address"
+            );
+        }
+        for port in [80, 5432, 8443, 10250] {
+            assert!(
+                !allows(policy, "Egress", Peer::Outside, port, "TCP"),
+                "{name}: reaches port {port}"
+            );
+        }
+    }
 }

@@ -25,8 +25,9 @@ pub enum GenerateCommand {
     /// with native sidecars: they exit 137/143 at shutdown).
     FailurePolicy(FailurePolicyArgs),
     /// Print (or write) the installation: Namespace, RBAC, Deployment, PodDisruptionBudget,
-    /// Service and the two webhook configurations, from the same names, ports and paths the
-    /// server uses. `webhook-config/base/` is this command's output with --out-dir.
+    /// Service, the two webhook configurations and a NetworkPolicy, from the same names, ports
+    /// and paths the server uses. `webhook-config/base/` is this command's output with
+    /// --out-dir.
     WebhookConfig(WebhookConfigArgs),
 }
 
@@ -56,7 +57,7 @@ pub struct WebhookConfigArgs {
     #[arg(long, value_name = "URL")]
     pub local_url: Option<String>,
     /// The node health controller's objects (ServiceAccount, ClusterRole and binding,
-    /// Deployment) instead of the webhook's.
+    /// Deployment, NetworkPolicy) instead of the webhook's.
     #[arg(long, conflicts_with = "local_url")]
     pub controller: bool,
     /// Write one file per resource and a kustomization.yaml into this directory instead of

@@ -29,9 +29,14 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
 use crate::cluster;
+
+mod network_policy;
 use crate::wellknown::{
     CONTROLLER_ADMIN_PORT, ENABLED_LABEL, HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH,
     SERVE_ADMIN_PORT as ADMIN_PORT, VALIDATE_PATH, WEBHOOK_PORT,
+};
+pub use network_policy::{
+    API_SERVER_PORTS, DNS_NAMESPACE, DNS_PORT, MONITORING_NAMESPACE, Source, network_policy,
 };
 
 /// The label every namespace carries with its own name (set by the API server).
@@ -149,7 +154,7 @@ fn to_value(object: impl serde::Serialize) -> Value {
     serde_json::to_value(object).expect("a Kubernetes object serializes")
 }
 
-/// The base installation, file by file.
+/// The base installation, file by file; the last is the webhook pods' NetworkPolicy.
 pub fn base(options: &Options) -> Vec<File> {
     let namespace = options.namespace.as_str();
     vec![
@@ -176,6 +181,18 @@ pub fn base(options: &Options) -> Vec<File> {
         File {
             name: "webhooks.yaml",
             objects: webhooks(options),
+        },
+        File {
+            name: "network-policy.yaml",
+            objects: vec![to_value(network_policy(
+                "webhook",
+                &options.service_name,
+                namespace,
+                &[
+                    (WEBHOOK_PORT, Source::Anywhere),
+                    (ADMIN_PORT, Source::Monitoring),
+                ],
+            ))],
         },
     ]
 }
@@ -424,8 +441,8 @@ pub const CONTROLLER_DOWNWARD_API_ENV: [(&str, &str); 2] = [
 ];
 
 /// The controller (`gpu-guard controller`): its ServiceAccount, ClusterRole (exactly
-/// [`crate::controller::RBAC_RULES`]) and binding, and a Deployment of two replicas of which
-/// the Lease holder acts.
+/// [`crate::controller::RBAC_RULES`]) and binding, a Deployment of two replicas of which
+/// the Lease holder acts, and its NetworkPolicy.
 pub fn controller(options: &Options) -> Vec<File> {
     const NAME: &str = "gpu-guard-controller";
     let namespace = options.namespace.as_str();
@@ -507,6 +524,15 @@ pub fn controller(options: &Options) -> Vec<File> {
         File {
             name: "deployment.yaml",
             objects: vec![to_value(deployment)],
+        },
+        File {
+            name: "network-policy.yaml",
+            objects: vec![to_value(network_policy(
+                "controller",
+                NAME,
+                namespace,
+                &[(CONTROLLER_ADMIN_PORT, Source::Monitoring)],
+            ))],
         },
     ]
 }

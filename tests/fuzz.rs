@@ -207,13 +207,16 @@ fn damage() -> impl Strategy<Value = Damage> {
 fn apply(body: &[u8], damage: &Damage) -> Vec<u8> {
     let mut body = body.to_vec();
     match damage {
+        // An earlier cut may have left nothing: an empty body is a case too.
         Damage::Flip(at, byte) => {
-            let at = at.index(body.len());
-            body[at] = *byte;
+            if !body.is_empty() {
+                let at = at.index(body.len());
+                body[at] = *byte;
+            }
         }
-        Damage::Cut(at) => body.truncate(at.index(body.len())),
+        Damage::Cut(at) => body.truncate(at.index(body.len() + 1)),
         Damage::Insert(at, bytes) => {
-            let at = at.index(body.len());
+            let at = at.index(body.len() + 1);
             body.splice(at..at, bytes.iter().copied());
         }
         Damage::Wrap(levels) => {

@@ -87,10 +87,10 @@ fn scan_message(text: &str, marker: &Marker, info: &str) -> String {
         return "nested deeper than 255 levels of [ ] and { } (the YAML scanner's limit)"
             .to_owned();
     }
-    if info.contains("token") || info.contains("tab") {
-        if let Some(message) = crate::decode::tab_message(text, marker.line(), marker.col() + 1) {
-            return message;
-        }
+    if (info.contains("token") || info.contains("tab"))
+        && let Some(message) = crate::decode::tab_message(text, marker.line(), marker.col() + 1)
+    {
+        return message;
     }
     info.to_owned()
 }

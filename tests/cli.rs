@@ -2212,3 +2212,44 @@ fn stdin_is_read_once_and_a_job_before_its_claim_template_still_resolves() {
     assert_eq!(documents.len(), 2);
     assert_device_job_spec(&documents[0]["spec"], &["main"]);
 }
+
+#[test]
+fn a_policy_file_is_read_within_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.yaml");
+    std::fs::write(
+        &huge,
+        format!(
+            "apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\n# {}\n",
+            "x".repeat(2 << 20)
+        ),
+    )
+    .unwrap();
+    let out = run(gpu_guard().arg("policy").arg("check").arg(&huge)).expect_code(2);
+    assert!(
+        out.stderr
+            .contains("larger than 1024 KiB, the limit of a policy file"),
+        "{}",
+        out.stderr
+    );
+    // Aliases expanding past serde_norway's limit, and deep nesting: refused, not followed.
+    let bomb = dir.path().join("bomb.yaml");
+    let mut text = String::from(
+        "apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\ndevices:\n  names: &a0 [a, a, a, a, a, a, a, a, a, a]\n",
+    );
+    text.push_str("  prefixes: &a1 [*a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0]\n");
+    std::fs::write(&bomb, text).unwrap();
+    let out = run(gpu_guard().arg("policy").arg("check").arg(&bomb)).expect_code(1);
+    assert!(out.stderr.contains("devices.prefixes[0]"), "{}", out.stderr);
+    let deep = dir.path().join("deep.yaml");
+    std::fs::write(
+        &deep,
+        format!(
+            "apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\ndevices:\n  names:\n  {}x\n",
+            "- ".repeat(100_000)
+        ),
+    )
+    .unwrap();
+    let out = run(gpu_guard().arg("policy").arg("check").arg(&deep)).expect_code(1);
+    assert!(out.stderr.contains("devices.names[0]"), "{}", out.stderr);
+}

@@ -78,13 +78,34 @@ fn render(file: &str, problems: &[PolicyProblem]) -> String {
 
 /// Reads and validates a policy file.
 pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+    use std::io::Read as _;
     let file = path.display().to_string();
-    let source = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+    let read_error = |source| PolicyError::Read {
         file: file.clone(),
         source,
-    })?;
+    };
+    // Read at most one byte past the limit: a policy is a few kilobytes, and a file that is
+    // not (a wrong path, a device) must not be read whole.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|opened| opened.take(MAX_POLICY_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_POLICY_BYTES {
+        return Err(read_error(std::io::Error::other(format!(
+            "larger than {} KiB, the limit of a policy file",
+            MAX_POLICY_BYTES / 1024
+        ))));
+    }
+    let source = String::from_utf8(bytes)
+        .map_err(|_| read_error(std::io::Error::other("the file is not UTF-8 text")))?;
     parse(&source, &file)
 }
+
+/// The largest policy file read: 1 MiB, far above any real policy (the embedded default is
+/// about 10 KiB). YAML's other bounds are serde_norway's (0.9.42, `de.rs`): it refuses alias
+/// expansion past its repetition limit and nesting past 128 levels, and the policy's typed
+/// fields refuse a list where a string belongs before an alias is followed.
+pub const MAX_POLICY_BYTES: u64 = 1 << 20;
 
 /// Parses and validates policy text; `file` names it in errors.
 pub fn parse(source: &str, file: &str) -> Result<Policy, PolicyError> {

@@ -145,12 +145,8 @@ impl Run<'_, '_> {
         mut writer: DocumentWriter<&mut dyn Write>,
     ) -> io::Result<()> {
         for documents in inputs.each() {
-            let documents = match documents {
-                Ok(documents) => documents,
-                Err(error) => {
-                    self.log.error(&error.to_string());
-                    continue;
-                }
+            let Some(documents) = self.opened(documents) else {
+                continue;
             };
             for item in documents {
                 match item {
@@ -184,12 +180,8 @@ impl Run<'_, '_> {
     /// Writes a unified diff per input of its documents against their mutated forms.
     fn diffs(&mut self, inputs: &Inputs, out: &mut dyn Write) -> io::Result<()> {
         for documents in inputs.each() {
-            let documents = match documents {
-                Ok(documents) => documents,
-                Err(error) => {
-                    self.log.error(&error.to_string());
-                    continue;
-                }
+            let Some(documents) = self.opened(documents) else {
+                continue;
             };
             let mut diff = FileDiff::new(documents.source());
             for item in documents {
@@ -209,6 +201,16 @@ impl Run<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// The documents of an input, or `None` when it could not be opened (reported).
+    fn opened(
+        &mut self,
+        documents: Result<manifest::Documents, manifest::InputError>,
+    ) -> Option<manifest::Documents> {
+        documents
+            .inspect_err(|error| self.log.error(&error.to_string()))
+            .ok()
     }
 
     /// Mutates one document in place: the object, or each item of a `List`

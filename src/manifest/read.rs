@@ -123,6 +123,12 @@ struct Size {
 }
 
 impl Size {
+    /// An empty mapping or list.
+    const COLLECTION: Size = Size {
+        nodes: 1,
+        bytes: NODE_BYTES,
+    };
+
     fn add(&mut self, other: Size) {
         self.nodes += other.nodes;
         self.bytes += other.bytes;
@@ -304,10 +310,7 @@ impl Builder {
                 Frame::Sequence {
                     items: Vec::new(),
                     anchor,
-                    size: Size {
-                        nodes: 1,
-                        bytes: NODE_BYTES,
-                    },
+                    size: Size::COLLECTION,
                 },
                 marker,
             )?,
@@ -316,10 +319,7 @@ impl Builder {
                     entries: Map::new(),
                     key: None,
                     anchor,
-                    size: Size {
-                        nodes: 1,
-                        bytes: NODE_BYTES,
-                    },
+                    size: Size::COLLECTION,
                 },
                 marker,
             )?,

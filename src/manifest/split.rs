@@ -151,11 +151,7 @@ impl<R: BufRead> Splitter<R> {
     fn read_line(&mut self, line: &mut Vec<u8>, keep: usize) -> io::Result<usize> {
         let mut length = 0;
         loop {
-            let buffer = match self.reader.fill_buf() {
-                Ok(buffer) => buffer,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => return Err(error),
-            };
+            let buffer = fill(&mut self.reader)?;
             if buffer.is_empty() {
                 return Ok(length);
             }
@@ -218,11 +214,7 @@ impl<R: BufRead> Splitter<R> {
         let mut scanner = JsonScanner::default();
         let mut document: Option<RawDocument> = None;
         loop {
-            let buffer = match self.reader.fill_buf() {
-                Ok(buffer) => buffer,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => return Err(error),
-            };
+            let buffer = fill(&mut self.reader)?;
             if buffer.is_empty() {
                 return Ok(document.map(|mut document| {
                     document.depth = scanner.max_depth;
@@ -302,6 +294,19 @@ impl<R: BufRead> Splitter<R> {
         self.syntax = None;
         Ok(())
     }
+}
+
+/// The reader's buffered bytes, refilled when empty (empty at the end); an interrupted read
+/// is retried.
+fn fill<R: BufRead>(reader: &mut R) -> io::Result<&[u8]> {
+    loop {
+        match reader.fill_buf() {
+            Ok(_) => break,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    reader.fill_buf()
 }
 
 /// `---` at the start of a line, followed by its end, a space, a tab or nothing.

@@ -26,10 +26,36 @@ pub enum LogFormat {
     Text,
 }
 
+/// Log lines queued for the writer thread before new ones are dropped: about 4 MB of lines.
+const LOG_QUEUE_LINES: usize = 16_384;
+
+/// The writer thread's count of lines dropped while its queue was full.
+static DROPPED_LOG_LINES: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
+    std::sync::OnceLock::new();
+
+/// Log lines dropped because stderr could not take them as fast as they came (a stalled log
+/// collector, a full pipe): the cost of never letting a request wait on a log line.
+pub fn dropped_log_lines() -> u64 {
+    DROPPED_LOG_LINES
+        .get()
+        .map_or(0, |counter| counter.dropped_lines() as u64)
+}
+
+/// Keeps the log writer's thread: dropping it writes out what is still queued.
+#[must_use = "the log writer stops when this is dropped"]
+pub struct LogGuard {
+    _writer: Option<tracing_appender::non_blocking::WorkerGuard>,
+}
+
 /// Logs to stderr, as text or one JSON object a line, filtered by `level` (a level or a
 /// tracing filter; `info` when it does not parse). Text is coloured only on a terminal
 /// ([`log_colours`]): a log file or a collector gets no escape codes.
-pub fn init_logging(format: LogFormat, level: &str, colour: LogColour) {
+///
+/// Lines are written by a thread of their own, from a bounded queue that drops lines when
+/// full ([`dropped_log_lines`]): a request thread never blocks on stderr. Blocking writes stalled
+/// the webhook outright once a reader stopped draining its stderr pipe (64 KB, about 140
+/// requests), and cost a write system call on the request path each time.
+pub fn init_logging(format: LogFormat, level: &str, colour: LogColour) -> LogGuard {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let colours = match colour {
         LogColour::Always => true,
@@ -39,15 +65,30 @@ pub fn init_logging(format: LogFormat, level: &str, colour: LogColour) {
             std::env::var_os("NO_COLOR").as_deref(),
         ),
     };
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .thread_name("gpu-guard-log")
+        .finish(std::io::stderr());
+    let dropped = writer.error_counter();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colours)
-        .with_writer(std::io::stderr);
-    // Ignore the error of a second initialisation (tests run several servers in one process).
-    let _ = match format {
+        .with_writer(writer);
+    let installed = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
+    // A second initialisation (tests run several servers in one process) keeps the first.
+    match installed {
+        Ok(()) => {
+            let _ = DROPPED_LOG_LINES.set(dropped);
+            LogGuard {
+                _writer: Some(guard),
+            }
+        }
+        Err(_) => LogGuard { _writer: None },
+    }
 }
 
 /// Whether text logs carry colour codes.

@@ -1108,3 +1108,73 @@ async fn readiness_waits_for_the_cluster_caches_and_lookups_meanwhile_are_500() 
     assert!(text.contains("has not synced yet"), "{text}");
     running.shutdown().await;
 }
+
+/// A webhook whose stderr nobody reads (a stalled log collector, a full pipe) still answers:
+/// log lines go through a queue to a writer thread and are dropped, counted, when it is full.
+/// With writes on the request path, the server stopped answering after about 140 requests,
+/// when the 64 KB pipe filled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stderr_nobody_reads_never_stops_the_webhook() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-guard"))
+        .env_remove("GPU_GUARD_POLICY")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", dir.path())
+        .args(["serve", "--no-cluster", "--log-format", "json"])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--ca-bundle-file")
+        .arg(&ca)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    // Read up to the "serving" line, then stop reading: the pipe fills and stays full.
+    let mut lines = std::io::BufReader::new(stderr);
+    let webhook = loop {
+        let mut line = String::new();
+        assert!(lines.read_line(&mut line).unwrap() > 0, "serve exited");
+        let entry: Value = serde_json::from_str(&line).unwrap();
+        if entry["message"] == "serving" {
+            break entry["webhook"].as_str().unwrap().to_owned();
+        }
+    };
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(client_tls(&std::fs::read_to_string(&ca).unwrap()))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let body = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/admission/001-Job-CREATE-mutate.json"),
+    )
+    .unwrap();
+    let url = format!("https://{webhook}/mutate");
+    for request in 0..600 {
+        let sent = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        let status = sent
+            .unwrap_or_else(|error| panic!("request {request} got no answer: {error}"))
+            .status();
+        assert_eq!(status, 200, "request {request}");
+    }
+    // Reading again, the queued lines arrive: nothing was lost while the queue had room.
+    let _ = child.kill();
+    let logged = tokio::task::spawn_blocking(move || {
+        lines
+            .lines()
+            .map_while(Result::ok)
+            .filter(|line| line.contains("admission review"))
+            .count()
+    })
+    .await
+    .unwrap();
+    let _ = child.wait();
+    assert!(logged > 140, "only {logged} review lines reached stderr");
+}

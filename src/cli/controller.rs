@@ -42,7 +42,7 @@ pub struct ControllerArgs {
 
 /// Runs the controller until a signal stops it.
 pub(super) fn run(args: &ControllerArgs, policy: Policy) -> Report {
-    args.log.init();
+    let _log = args.log.init();
     let settings = ControllerSettings {
         kubeconfig: args.kube.kubeconfig.clone(),
         admin_listen: args.admin_listen,

@@ -134,8 +134,9 @@ pub struct LogArgs {
 }
 
 impl LogArgs {
-    fn init(&self) {
-        process::init_logging(self.log_format, &self.log_level, self.log_color);
+    /// Starts logging; the guard keeps the log writer until the command returns.
+    fn init(&self) -> process::LogGuard {
+        process::init_logging(self.log_format, &self.log_level, self.log_color)
     }
 }
 

@@ -78,7 +78,7 @@ pub(super) fn run(
             ..Report::default()
         };
     }
-    args.log.init();
+    let _log = args.log.init();
     let settings = ServeSettings {
         listen: args.listen,
         admin_listen: args.admin_listen,

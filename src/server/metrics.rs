@@ -62,6 +62,7 @@ pub struct Metrics {
     pub cache_last_event_age: Family<CacheLabels, Gauge<f64, AtomicU64>>,
     pub cache_watch_errors: Family<CacheLabels, Counter>,
     pub panics: Counter,
+    pub log_lines_dropped: Counter,
     pub certificates: CertificateMetrics,
 }
 
@@ -133,6 +134,12 @@ impl Default for Metrics {
             "Panics caught in request handlers (answered 500)",
             panics.clone(),
         );
+        let log_lines_dropped = Counter::default();
+        registry.register(
+            "log_lines_dropped",
+            "Log lines dropped because stderr could not take them as fast as they came (requests never wait on a log line)",
+            log_lines_dropped.clone(),
+        );
         let certificates = CertificateMetrics::default();
         registry.register(
             "certificate_not_after_timestamp_seconds",
@@ -161,6 +168,7 @@ impl Default for Metrics {
             cache_last_event_age,
             cache_watch_errors,
             panics,
+            log_lines_dropped,
             certificates,
         }
     }
@@ -173,6 +181,12 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
         text
+    }
+
+    /// Copies the count of dropped log lines into its metric (called at each scrape).
+    pub fn observe_log(&self, dropped: u64) {
+        self.log_lines_dropped
+            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
     }
 
     /// Copies the caches' state into their metrics (called at each scrape).

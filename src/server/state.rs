@@ -112,6 +112,8 @@ impl AdminProbes for AppState {
         if let Some(cluster) = &self.cluster {
             self.metrics.observe_caches(&cluster.status());
         }
+        self.metrics
+            .observe_log(crate::process::dropped_log_lines());
         self.metrics.encode()
     }
 }

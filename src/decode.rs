@@ -128,7 +128,7 @@ fn with_field<T>(
 }
 
 /// serde_json's message without its ` at line L column C`.
-fn without_position(message: &str) -> &str {
+pub fn without_position(message: &str) -> &str {
     match message.rfind(" at line ") {
         Some(at) if message[at + 9..].contains(" column ") => &message[..at],
         _ => message,

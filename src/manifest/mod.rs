@@ -233,7 +233,9 @@ impl Documents {
                     .map_err(|error| {
                         (
                             raw.line + error.line().saturating_sub(1),
-                            strip_location(&error.to_string()),
+                            crate::decode::in_words(crate::decode::without_position(
+                                &error.to_string(),
+                            )),
                         )
                     })?;
                 Ok(vec![value])
@@ -440,13 +442,6 @@ fn visit_items(
                 fields.shift_remove(*key);
             }
         }
-    }
-}
-
-fn strip_location(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(position) => message[..position].to_owned(),
-        None => message.to_owned(),
     }
 }
 

@@ -17,7 +17,7 @@ use serde_json::json;
 use support::controller::{
     World, at, gpu_node, lease_spec, lock, namespace, pod, pod_world, policy,
 };
-use support::fake_api::{Fake, Logged, NAMESPACES, NODES, PODS};
+use support::fake_api::{DAEMONSETS, Fake, Logged, NAMESPACES, NODES, PODS};
 use support::{DEADLINE, eventually};
 
 /// The RBAC `(group, resource, verb)` a request needs.
@@ -193,6 +193,82 @@ async fn the_running_controller_leads_acts_serves_metrics_and_releases_its_lease
     })
     .await;
     second.shutdown().await;
+}
+
+/// One replica, no election, the admin port on any free port.
+fn without_election() -> ControllerOptions {
+    ControllerOptions {
+        admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        leader_election: None,
+        identity: Some("test-1".to_owned()),
+    }
+}
+
+/// A DaemonSet in `gpu-operator` whose pod template is `template`.
+fn daemonset(name: &str, template: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+           "metadata": {"namespace": "gpu-operator", "name": name},
+           "spec": {"selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": template}}})
+}
+
+#[tokio::test]
+async fn at_start_the_gpu_daemonsets_that_do_not_tolerate_the_taint_are_counted() {
+    let fake = Fake::start().await;
+    let containers = json!([{"name": "c", "image": "i"}]);
+    // NVIDIA's device plugin manifest: tolerates only nvidia.com/gpu.
+    fake.put(
+        DAEMONSETS,
+        daemonset(
+            "nvidia-device-plugin",
+            json!({"containers": containers, "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}),
+        ),
+    );
+    fake.put(
+        DAEMONSETS,
+        daemonset(
+            "dcgm-exporter",
+            json!({"containers": containers,
+                   "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                   "tolerations": [{"key": "gpu-guard.io/device-degraded", "operator": "Exists"}]}),
+        ),
+    );
+    fake.put(
+        DAEMONSETS,
+        daemonset("kube-proxy", json!({"containers": containers})),
+    );
+    let running = run::start(fake.config(), policy(|_| {}), without_election())
+        .await
+        .expect("start");
+    eventually("the DaemonSets checked", || {
+        running.metrics.daemonsets_not_tolerating.get() == 1
+    })
+    .await;
+    let (status, metrics) = get(running.admin_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("gpu_guard_controller_daemonsets_not_tolerating 1"),
+        "{metrics}"
+    );
+    // Listed once, not watched.
+    assert_eq!(fake.lists(DAEMONSETS).len(), 1);
+    assert!(fake.watches(DAEMONSETS).is_empty());
+    assert_rbac_allows(&fake.requests());
+    running.shutdown().await;
+
+    // An API server that refuses the list: -1, and the controller runs on.
+    let refusing = Fake::start().await;
+    refusing.unserve(DAEMONSETS);
+    let running = run::start(refusing.config(), policy(|_| {}), without_election())
+        .await
+        .expect("start");
+    eventually("the failed list reported", || {
+        running.metrics.daemonsets_not_tolerating.get() == -1
+    })
+    .await;
+    eventually("caches synced", || running.metrics.caches_synced.get() == 1).await;
+    running.shutdown().await;
 }
 
 #[test]

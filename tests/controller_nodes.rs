@@ -132,7 +132,7 @@ async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery(
 async fn no_execute_when_configured() {
     let mut world = World::start(
         policy(|p| p.controller.node_health.no_execute = true),
-        vec![(NODES, gpu_node("gpu-1", 4, 0))],
+        vec![(NODES, gpu_node("gpu-1", 4, 1))],
     )
     .await;
     world.pass(0).await;
@@ -142,6 +142,50 @@ async fn no_execute_when_configured() {
         writes[0].body["spec"]["taints"][1],
         json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoExecute"})
     );
+}
+
+#[tokio::test]
+async fn no_execute_falls_back_to_no_schedule_while_the_device_plugin_is_down() {
+    // Allocatable 0 of 4: the kubelet has marked every device of a stopped plugin unhealthy.
+    // NoExecute would evict the device plugin's pod, and nothing would bring it back.
+    let mut world = World::start(
+        policy(|p| p.controller.node_health.no_execute = true),
+        vec![(NODES, gpu_node("gpu-1", 4, 0))],
+    )
+    .await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    let writes = world.fake.writes();
+    assert_eq!(
+        writes[0].body["spec"]["taints"][1],
+        json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"})
+    );
+    let events = world.fake.events();
+    assert_eq!(
+        events[0].2,
+        "tainted gpu-guard.io/device-degraded=nvidia.com_gpu:NoSchedule: nvidia.com/gpu device \
+         plugin down (4 seen, none allocatable) since 2027-01-15T08:00:00Z (threshold held 120 s); \
+         NoSchedule, not NoExecute: the device plugin is down, and NoExecute would evict the \
+         DaemonSet pods that bring it back"
+    );
+
+    // Later the kubelet drops the capacity to 0 too: still degraded, never untainted.
+    world.node_cached("gpu-1", has_our_taint).await;
+    let mut gone = world.fake.object(NODES, "gpu-1");
+    gone["status"]["capacity"]["nvidia.com/gpu"] = json!("0");
+    world.fake.put(NODES, gone);
+    world
+        .node_cached("gpu-1", |node| {
+            node["status"]["capacity"]["nvidia.com/gpu"] == "0"
+        })
+        .await;
+    world.fake.clear_requests();
+    let report = world.pass(5000).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    assert_eq!(world.metrics.tainted_nodes.get(), 1);
 }
 
 #[tokio::test]

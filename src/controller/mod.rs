@@ -40,13 +40,15 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// - pods/eviction create: evict hit pods (`controller.pods.evictPods`);
 /// - namespaces get/list/watch: which namespaces opted in (label `gpu-guard.io/enabled`);
 /// - resourceslices (`resource.k8s.io`) get/list/watch: the DRA devices of each node;
+/// - daemonsets (`apps`) list: once at start, to warn of GPU DaemonSets that do not tolerate
+///   gpu-guard's taint ([`node::daemonsets`]);
 /// - events (`events.k8s.io`) create/patch: kube's event recorder creates `events.k8s.io/v1`
 ///   Events, and patches one that repeats within minutes (an event series);
 /// - leases get/create/update: leader election (a Role in the controller's namespace would
 ///   do; a ClusterRole rule keeps the installation to one role).
 ///
 /// `tests/controller.rs` checks that every call the controller makes is allowed by these.
-pub const RBAC_RULES: [(&str, &str, &[&str]); 8] = [
+pub const RBAC_RULES: [(&str, &str, &[&str]); 9] = [
     ("", "nodes", &["get", "list", "watch", "patch"]),
     ("", "pods", &["get", "list", "watch"]),
     ("", "pods/status", &["patch"]),
@@ -57,6 +59,7 @@ pub const RBAC_RULES: [(&str, &str, &[&str]); 8] = [
         "resourceslices",
         &["get", "list", "watch"],
     ),
+    ("apps", "daemonsets", &["list"]),
     ("events.k8s.io", "events", &["create", "patch"]),
     (
         "coordination.k8s.io",

@@ -37,9 +37,10 @@ pub const CLAIM_TEMPLATES: &str = "/apis/resource.k8s.io/v1/resourceclaimtemplat
 pub const CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 pub const DEVICE_CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
 pub const RESOURCE_SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+pub const DAEMONSETS: &str = "/apis/apps/v1/daemonsets";
 
 /// The collections served: path, kind, apiVersion.
-const COLLECTIONS: [(&str, &str, &str); 8] = [
+const COLLECTIONS: [(&str, &str, &str); 9] = [
     (NODES, "Node", "v1"),
     (PODS, "Pod", "v1"),
     (NAMESPACES, "Namespace", "v1"),
@@ -52,6 +53,7 @@ const COLLECTIONS: [(&str, &str, &str); 8] = [
     (CLAIMS, "ResourceClaim", "resource.k8s.io/v1"),
     (DEVICE_CLASSES, "DeviceClass", "resource.k8s.io/v1"),
     (RESOURCE_SLICES, "ResourceSlice", "resource.k8s.io/v1"),
+    (DAEMONSETS, "DaemonSet", "apps/v1"),
 ];
 
 // === the log ===

@@ -131,12 +131,12 @@ impl Reconciler {
                     match self.settle(Write::Untaint(&name), removed, report)? {
                         Some(false) => {
                             holds_taint = false;
-                            verdict.history = NodeHistory::default();
+                            verdict.history = forget_episode(verdict.history);
                         }
                         Some(true) => {
                             tainted = tainted.saturating_sub(1);
                             holds_taint = false;
-                            verdict.history = NodeHistory::default();
+                            verdict.history = forget_episode(verdict.history);
                             self.metrics.taints_removed.inc();
                             report.untainted.push(name.clone());
                         }
@@ -222,7 +222,10 @@ impl Reconciler {
             return Ok(false);
         };
         let health = &self.policy.controller.node_health;
-        let taint = node::degraded_taint(&first.resource, health.no_execute);
+        // NoExecute would evict the device plugin's own pod (and the DCGM exporter's) unless
+        // they tolerate the taint: while the plugin is down, nothing would bring it back.
+        let no_execute = health.no_execute && !verdict.is_plugin_down();
+        let taint = node::degraded_taint(&first.resource, no_execute);
         let since = verdict.history.degraded_since.unwrap_or(now);
         let rendered = format!(
             "{}={}:{}",
@@ -230,8 +233,14 @@ impl Reconciler {
             taint.value.as_deref().unwrap_or_default(),
             taint.effect
         );
+        let fallback = if health.no_execute && !no_execute {
+            "; NoSchedule, not NoExecute: the device plugin is down, and NoExecute would evict \
+             the DaemonSet pods that bring it back"
+        } else {
+            ""
+        };
         let seen = format!(
-            "{} since {since} (threshold held {} s)",
+            "{} since {since} (threshold held {} s){fallback}",
             verdict.describe_degraded(),
             now.duration_since(since).as_secs()
         );
@@ -331,5 +340,14 @@ impl Reconciler {
                 Err(error) => return Err(error.into()),
             }
         }
+    }
+}
+
+/// The history of a node whose taint is gone: a new episode starts, but the device resources
+/// seen on it are remembered (a plugin that vanishes later is still "plugin down").
+fn forget_episode(history: NodeHistory) -> NodeHistory {
+    NodeHistory {
+        seen: history.seen,
+        ..NodeHistory::default()
     }
 }

@@ -10,8 +10,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use gpu_guard::controller::RBAC_RULES;
 use gpu_guard::controller::run::{self, ControllerOptions, LeaderElection};
+use gpu_guard::controller::{LEASE_RULES, RBAC_RULES};
 use hyper::Method;
 use serde_json::json;
 use support::controller::{
@@ -57,16 +57,40 @@ fn rbac_need(request: &Logged) -> (String, String, &'static str) {
     (group.to_owned(), resource, verb)
 }
 
-/// Every request the fake received is allowed by the controller's published RBAC rules.
+/// The name of the object a request names (`…/leases/<name>`), if any.
+fn named_object(request: &Logged) -> Option<&str> {
+    let path = request.path.trim_start_matches('/');
+    let rest = match path.strip_prefix("api/v1/") {
+        Some(rest) => rest,
+        None => path.strip_prefix("apis/")?.splitn(3, '/').nth(2)?,
+    };
+    let mut segments: Vec<&str> = rest.split('/').collect();
+    if segments.len() > 2 && segments[0] == "namespaces" {
+        segments.drain(..2);
+    }
+    segments.get(1).copied()
+}
+
+/// Every request the fake received is allowed by the controller's published RBAC rules: the
+/// ClusterRole's, or the namespaced Role's (Leases, only the controller's own for get/update).
 fn assert_rbac_allows(requests: &[Logged]) {
     assert!(!requests.is_empty());
     for request in requests {
         let (group, resource, verb) = rbac_need(request);
+        let cluster_wide = RBAC_RULES
+            .iter()
+            .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb));
+        let in_namespace = request.path.contains("/namespaces/gpu-guard/")
+            && LEASE_RULES.iter().any(|(g, r, verbs, names)| {
+                *g == group
+                    && *r == resource
+                    && verbs.contains(&verb)
+                    && (names.is_empty()
+                        || named_object(request).is_some_and(|name| names.contains(&name)))
+            });
         assert!(
-            RBAC_RULES
-                .iter()
-                .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb)),
-            "{verb} {group}/{resource} ({} {}) is not in controller::RBAC_RULES",
+            cluster_wide || in_namespace,
+            "{verb} {group}/{resource} ({} {}) is not in controller::RBAC_RULES or LEASE_RULES",
             request.method,
             request.path
         );
@@ -109,9 +133,18 @@ async fn the_published_rbac_rules_allow_every_call_the_controller_makes() {
     let mut a = lock(&fake, "replica-a");
     let now = Instant::now();
     assert!(a.try_acquire_or_renew(at(0), now).await.expect("acquire"));
+    assert_eq!(lock_name(&fake), gpu_guard::wellknown::LEASE_NAME);
     assert!(a.try_acquire_or_renew(at(1), now).await.expect("renew"));
     a.release(at(2)).await.expect("release");
     assert_rbac_allows(&fake.requests());
+}
+
+/// The name of the one Lease in the fake.
+fn lock_name(fake: &Fake) -> String {
+    let state = fake.lock();
+    let names: Vec<&String> = state.leases.keys().collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    names[0].rsplit('/').next().expect("a name").to_owned()
 }
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {

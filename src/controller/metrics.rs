@@ -98,7 +98,7 @@ impl Default for ControllerMetrics {
             evictions_deferred: register!(
                 Counter::default(),
                 "controller_evictions_deferred",
-                "Evictions put off to a later pass: rate limit reached, or refused by a PodDisruptionBudget (429)"
+                "Evictions put off to a later pass: rate limit reached, refused by a PodDisruptionBudget (429), or throttled by the API server (429)"
             ),
             safety_valve_trips: register!(
                 Counter::default(),

@@ -132,7 +132,8 @@ pub struct State {
     /// The next node patches answered 409 after `conflict_change` is applied to the node.
     pub node_conflicts: usize,
     pub conflict_change: Option<fn(&mut Value)>,
-    /// The status evictions are answered with (201 by default).
+    /// The status evictions are answered with (201 by default; 429: throttled, as API Priority
+    /// and Fairness answers).
     pub eviction_status: Option<u16>,
     /// Lease requests are answered 500 while true.
     pub leases_failing: bool,
@@ -331,20 +332,24 @@ impl Fake {
             (&Method::POST, ["api", "v1", "namespaces", _, "pods", pod, "eviction"]) => {
                 let refused = state.eviction_refused.contains(*pod);
                 match state.eviction_status {
-                    _ if refused => (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        status(
+                    // As the eviction subresource refuses for a PodDisruptionBudget.
+                    _ if refused => {
+                        let mut refusal = status(
                             429,
                             "TooManyRequests",
                             "Cannot evict pod as it would violate the pod's disruption budget.",
-                        ),
-                    ),
+                        );
+                        refusal["details"] = json!({"causes": [{"reason": "DisruptionBudget",
+                            "message": "The disruption budget train needs 2 healthy pods and has 2 currently"}]});
+                        (StatusCode::TOO_MANY_REQUESTS, refusal)
+                    }
+                    // As API Priority and Fairness throttles: no disruption budget cause.
                     Some(429) => (
                         StatusCode::TOO_MANY_REQUESTS,
                         status(
                             429,
                             "TooManyRequests",
-                            "Cannot evict pod as it would violate the pod's disruption budget.",
+                            "Too many requests, please try again later.",
                         ),
                     ),
                     _ => (

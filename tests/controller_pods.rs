@@ -327,6 +327,14 @@ async fn pods_nothing_would_recreate_elsewhere_are_marked_not_evicted() {
             PODS,
             owned_by(pod("ml", "bare", "gpu-1", true, false), json!(null)),
         ),
+        // A static pod's mirror, as the kubelet creates it (here with a Job-like owner, so
+        // only the annotation, kept by the cache, tells it apart).
+        (PODS, {
+            let mut mirror = pod("ml", "static", "gpu-1", true, false);
+            mirror["metadata"]["annotations"] =
+                json!({"kubernetes.io/config.mirror": "5e1f", "other": "dropped"});
+            mirror
+        }),
     ];
     let mut world = World::start(policy(|p| p.controller.pods.evict_pods = true), objects).await;
     world.pass(0).await;
@@ -334,7 +342,13 @@ async fn pods_nothing_would_recreate_elsewhere_are_marked_not_evicted() {
     assert_eq!(report.tainted, ["gpu-1"]);
     assert_eq!(
         report.marked,
-        ["ml/bare", "ml/daemon", "ml/job", "ml/tolerating"]
+        [
+            "ml/bare",
+            "ml/daemon",
+            "ml/job",
+            "ml/static",
+            "ml/tolerating"
+        ]
     );
     assert_eq!(report.evicted, ["ml/job"]);
 }

@@ -13,8 +13,9 @@ use crate::policy::Policy;
 pub struct ControllerArgs {
     #[command(flatten)]
     pub kube: KubeconfigArgs,
-    /// Change nothing (no taint, pod condition or eviction); log, count and emit Events only.
-    /// Overrides the policy's controller.dryRun when set.
+    /// Change nothing: taints, pod conditions and evictions are sent with dryRun=All (checked,
+    /// not stored); log, count and emit Events. Overrides the policy's controller.dryRun when
+    /// set.
     #[arg(long, env = "GPU_GUARD_DRY_RUN")]
     pub dry_run: bool,
     /// Address of the plain-HTTP admin listener (/healthz, /readyz, /metrics).

@@ -18,8 +18,10 @@ pub const MAX_RESYNC_SECONDS: u64 = 3600;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Controller {
-    /// Compute, log, count and emit Events for everything, but change nothing: no taint, no
-    /// pod condition, no eviction. `gpu-guard controller --dry-run` turns it on too.
+    /// Compute, log, count and emit Events for everything, but change nothing: taints, pod
+    /// conditions and evictions are sent with `dryRun=All` (checked by the API server, RBAC,
+    /// admission and PodDisruptionBudgets included, and not stored). `gpu-guard controller
+    /// --dry-run` turns it on too.
     pub dry_run: bool,
     /// Seconds between two full passes over nodes and pods. Watch events trigger a pass
     /// sooner; this bounds how late a time threshold (`degradedForSeconds`, ...) is noticed (at most one hour).

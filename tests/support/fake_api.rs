@@ -7,7 +7,7 @@
 //! (`?watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=N`) as a stream of
 //! newline-delimited watch events. It applies and records the writes the controller sends:
 //! node merge patches with their resourceVersion precondition, pod status patches, evictions,
-//! Events, Leases. A test changes objects silently ([`Fake::set`], [`Fake::remove`]: the next
+//! Events, Leases; a write with `dryRun=All` is answered and recorded, not applied. A test changes objects silently ([`Fake::set`], [`Fake::remove`]: the next
 //! list shows it) or with a watch event ([`Fake::put`], [`Fake::event`]); sends `410 Gone`;
 //! holds lists or watches unanswered; ends the watch streams; delays or refuses writes through
 //! [`State`]; and reads the log of requests.
@@ -145,7 +145,49 @@ pub struct State {
     pub status_delay: Option<Duration>,
 }
 
+/// What a dry-run write must leave as it was.
+pub struct Kept {
+    resource_version: u64,
+    objects: BTreeMap<&'static str, BTreeMap<String, Value>>,
+    watchers: BTreeMap<&'static str, Vec<mpsc::UnboundedSender<Bytes>>>,
+    leases: BTreeMap<String, Value>,
+}
+
 impl State {
+    /// Keeps the objects, the resourceVersion and the Leases, and takes the watchers away, so
+    /// a dry-run write is answered as it would be and changes nothing, unseen.
+    fn take_for_dry_run(&mut self) -> Kept {
+        Kept {
+            resource_version: self.resource_version,
+            objects: self
+                .collections
+                .iter()
+                .map(|(path, collection)| (*path, collection.objects.clone()))
+                .collect(),
+            watchers: self
+                .collections
+                .iter_mut()
+                .map(|(path, collection)| (*path, std::mem::take(&mut collection.watchers)))
+                .collect(),
+            leases: self.leases.clone(),
+        }
+    }
+
+    fn restore_after_dry_run(&mut self, kept: Kept) {
+        self.resource_version = kept.resource_version;
+        self.leases = kept.leases;
+        for (path, objects) in kept.objects {
+            if let Some(collection) = self.collections.get_mut(path) {
+                collection.objects = objects;
+            }
+        }
+        for (path, watchers) in kept.watchers {
+            if let Some(collection) = self.collections.get_mut(path) {
+                collection.watchers = watchers;
+            }
+        }
+    }
+
     /// Stores `object` with the next resourceVersion, silently; returns it as stored.
     fn store(&mut self, path: &str, mut object: Value) -> Value {
         self.resource_version += 1;
@@ -311,6 +353,10 @@ impl Fake {
         }
 
         let mut state = self.lock();
+        // `dryRun=All`: answered as the write would be, and nothing kept (no watch event).
+        let dry_run =
+            query.get("dryRun").map(String::as_str) == Some("All") && method != Method::GET;
+        let before = dry_run.then(|| state.take_for_dry_run());
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let response = match (&method, segments.as_slice()) {
             (&Method::GET, _) if state.collections.contains_key(path.as_str()) => {
@@ -383,6 +429,9 @@ impl Fake {
             ) => lease(&mut state, &method, rest.first().copied(), body),
             _ => (StatusCode::NOT_FOUND, status(404, "NotFound", "not served")),
         };
+        if let Some(before) = before {
+            state.restore_after_dry_run(before);
+        }
         Ok(json_response(response.0, &response.1))
     }
 

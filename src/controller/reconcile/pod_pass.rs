@@ -10,7 +10,7 @@ use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PostParams};
 use kube::runtime::events::EventType;
 
 use super::events::{REASON_EVICTED, REASON_MARKED, pod_ref};
@@ -137,17 +137,18 @@ impl Reconciler {
         self.ensure_leading()?;
         let (namespace, name) = pod_names(pod);
         let note = cause.message();
+        // In a dry run too, with dryRun=All: checked by the API server, not stored.
+        let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
+        api.patch_status(
+            &name,
+            &self.patch_params(),
+            &Patch::Strategic(pod::condition_patch(cause, now)),
+        )
+        .await?;
         if self.dry_run() {
             tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
                 "dry run: would add the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
         } else {
-            let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
-            api.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Strategic(pod::condition_patch(cause, now)),
-            )
-            .await?;
             tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
                 "added the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
         }
@@ -173,9 +174,7 @@ impl Reconciler {
         self.ensure_leading()?;
         let (namespace, name) = pod_names(pod);
         let id = format!("{namespace}/{name}");
-        let note = if self.dry_run() {
-            format!("dry run: would evict: {}", cause.message())
-        } else {
+        let note = {
             let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
             let eviction = Eviction {
                 metadata: ObjectMeta {
@@ -185,15 +184,19 @@ impl Reconciler {
                 },
                 delete_options: None,
             };
+            // In a dry run too, with dryRun=All: the API server checks the
+            // PodDisruptionBudgets and deletes nothing.
+            let params = PostParams {
+                dry_run: self.dry_run(),
+                ..PostParams::default()
+            };
             match api
                 .create_subresource::<Eviction, kube::core::Status>(
-                    "eviction",
-                    &name,
-                    &PostParams::default(),
-                    &eviction,
+                    "eviction", &name, &params, &eviction,
                 )
                 .await
             {
+                Ok(_) if self.dry_run() => format!("dry run: would evict: {}", cause.message()),
                 Ok(_) => format!(
                     "evicted so its Job recreates it on a healthy node: {}",
                     cause.message()

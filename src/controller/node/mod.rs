@@ -393,6 +393,49 @@ pub fn dra_device_counts<'a>(
     counts
 }
 
+/// The start-up hint when no node is judged although nodes publish DRA ResourceSlices: GPUs
+/// served through DRA (its extended-resource mapping included, which never shows in
+/// `status.capacity`) are judged only for the drivers of `devices.drivers`. `None` when some
+/// node is judged or no slice is bound to a node. Full DRA node health belongs to the DRA work.
+pub fn unjudged_dra_hint<'a>(
+    gpu_nodes: usize,
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    policy: &Policy,
+) -> Option<String> {
+    if gpu_nodes > 0 {
+        return None;
+    }
+    let mut nodes_by_driver: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for slice in slices {
+        if let Some(node) = slice.spec.node_name.as_deref() {
+            nodes_by_driver
+                .entry(slice.spec.driver.as_str())
+                .or_default()
+                .insert(node);
+        }
+    }
+    if nodes_by_driver.is_empty() {
+        return None;
+    }
+    let drivers = nodes_by_driver
+        .iter()
+        .map(|(driver, nodes)| {
+            let listed = if policy.devices.drivers.iter().any(|known| known == driver) {
+                "in devices.drivers, no device"
+            } else {
+                "not in devices.drivers"
+            };
+            format!("{driver} ({} nodes, {listed})", nodes.len())
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "no node is judged (no device resource in any node's capacity), but nodes publish DRA \
+         ResourceSlices: {drivers}. DRA GPUs are judged only for the drivers listed in the \
+         policy's devices.drivers: add a GPU driver there to have its nodes judged"
+    ))
+}
+
 /// A device count: a whole number, optionally with a decimal suffix (`8`, `1k`). Anything else
 /// (fractions, `500m`, garbage) is unknown.
 pub fn parse_count(quantity: &str) -> Option<u64> {

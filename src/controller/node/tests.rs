@@ -916,3 +916,33 @@ fn the_devices_seen_are_remembered_at_their_most() {
     assert_eq!(third.history.seen, seen(&[("nvidia.com/gpu", 8)]).seen);
     assert_eq!(third.plugin_down, ["nvidia.com/gpu"]);
 }
+
+#[test]
+fn a_cluster_whose_gpus_only_dra_serves_is_reported_when_nothing_is_judged() {
+    let policy = Policy::embedded();
+    let slices = [
+        slice("n1", "gpu.example.com", 1, 8, &[]),
+        slice("n2", "gpu.example.com", 1, 8, &[]),
+        slice("n2", "net.example.com", 1, 2, &[]),
+    ];
+    assert_eq!(
+        unjudged_dra_hint(0, &slices, &policy).as_deref(),
+        Some(
+            "no node is judged (no device resource in any node's capacity), but nodes publish \
+             DRA ResourceSlices: gpu.example.com (2 nodes, not in devices.drivers), \
+             net.example.com (1 nodes, not in devices.drivers). DRA GPUs are judged only for \
+             the drivers listed in the policy's devices.drivers: add a GPU driver there to have \
+             its nodes judged"
+        )
+    );
+    // Some node judged, or no slice: nothing to say.
+    assert_eq!(unjudged_dra_hint(1, &slices, &policy), None);
+    assert_eq!(unjudged_dra_hint(0, &[], &policy), None);
+    // A listed driver whose slices publish no device.
+    let empty = [slice("n1", "gpu.nvidia.com", 1, 0, &[])];
+    assert!(
+        unjudged_dra_hint(0, &empty, &policy)
+            .unwrap()
+            .contains("gpu.nvidia.com (1 nodes, in devices.drivers, no device)")
+    );
+}

@@ -125,6 +125,8 @@ pub struct Reconciler {
     /// Pods (by uid) whose eviction a PodDisruptionBudget refused: each waits on its own.
     backoff: HashMap<String, Backoff>,
     bucket: TokenBucket,
+    /// The first pass has said whether DRA-only GPU nodes go unjudged (once per process).
+    dra_hint_logged: bool,
 }
 
 impl Reconciler {
@@ -159,6 +161,7 @@ impl Reconciler {
             evicted: HashSet::new(),
             backoff: HashMap::new(),
             bucket,
+            dra_hint_logged: false,
         })
     }
 

@@ -72,6 +72,14 @@ impl Reconciler {
         self.valve_reported.retain(|name| present.contains(name));
 
         let gpu_nodes = verdicts.iter().filter(|(_, v)| v.is_gpu_node()).count();
+        if !self.dra_hint_logged {
+            self.dra_hint_logged = true;
+            if let Some(hint) =
+                node::unjudged_dra_hint(gpu_nodes, slices.iter().map(AsRef::as_ref), &self.policy)
+            {
+                tracing::warn!("{hint}");
+            }
+        }
         let mut tainted = verdicts
             .iter()
             .filter(|(node, verdict)| {

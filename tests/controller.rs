@@ -228,6 +228,42 @@ async fn the_running_controller_leads_acts_serves_metrics_and_releases_its_lease
     second.shutdown().await;
 }
 
+#[tokio::test]
+async fn the_leader_renews_its_lease_every_retry_period() {
+    let fake = Fake::start().await;
+    let options = ControllerOptions {
+        admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        leader_election: Some(LeaderElection {
+            namespace: "gpu-guard".to_owned(),
+            name: "gpu-guard-controller".to_owned(),
+            identity: "replica-a".to_owned(),
+            // Renew deadline 2 s, retry period 400 ms.
+            duration: Duration::from_secs(3),
+        }),
+        identity: Some("replica-a".to_owned()),
+    };
+    let running = run::start(fake.config(), policy(|_| {}), options)
+        .await
+        .expect("start");
+    eventually("leading", || running.metrics.leader.get() == 1).await;
+    let renewals = || {
+        fake.requests()
+            .iter()
+            .filter(|r| r.method == Method::PUT && r.path.contains("/leases/"))
+            .count()
+    };
+    let before = renewals();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let within_deadline = renewals() - before;
+    // Every 400 ms: about five renewals within the 2 s deadline (two at a third of the lease,
+    // as before; at least three leaves room for a loaded machine).
+    assert!(
+        (3..=6).contains(&within_deadline),
+        "{within_deadline} renewals in 2 s"
+    );
+    running.shutdown().await;
+}
+
 /// One replica, no election, the admin port on any free port.
 fn without_election() -> ControllerOptions {
     ControllerOptions {

@@ -27,7 +27,8 @@ pub struct ControllerArgs {
     /// Name of the leader-election Lease.
     #[arg(long, env = "GPU_GUARD_LEASE_NAME", default_value = crate::wellknown::LEASE_NAME)]
     pub lease_name: String,
-    /// Seconds a Lease lasts without renewal (renewed every third of it), 3 to 3600.
+    /// Seconds a Lease lasts without renewal (renewed every 2 s, or a fifth of two thirds of it
+    /// when shorter than 15 s), 3 to 3600.
     #[arg(long, env = "GPU_GUARD_LEASE_DURATION_SECONDS", default_value_t = 15,
           value_parser = clap::value_parser!(u64).range(3..=3600))]
     pub lease_duration_seconds: u64,

@@ -36,7 +36,8 @@ pub struct LeaderElection {
     pub namespace: String,
     pub name: String,
     pub identity: String,
-    /// How long a lease lasts without renewal; renewed every third of it.
+    /// How long a lease lasts without renewal; renewed every retry period
+    /// ([`super::lease::retry_period`]: 2 s for 15 s).
     pub duration: Duration,
 }
 
@@ -174,7 +175,7 @@ pub async fn start(
             );
             Some(tokio::spawn(elect(
                 Elector::new(lock),
-                election.duration / 3,
+                super::lease::retry_period(election.duration),
                 leader_tx,
                 leadership.clone(),
                 metrics.clone(),
@@ -479,6 +480,30 @@ fn hostname() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lease_is_renewed_every_retry_period_within_the_deadline() {
+        use super::super::lease::retry_period;
+        // client-go's defaults: 15 s lease, 10 s deadline, 2 s retry.
+        assert_eq!(
+            retry_period(Duration::from_secs(15)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            retry_period(Duration::from_secs(3600)),
+            Duration::from_secs(2)
+        );
+        // Short leases: a fifth of the deadline, about five tries before it.
+        assert_eq!(
+            retry_period(Duration::from_secs(3)),
+            Duration::from_millis(400)
+        );
+        for seconds in [3, 5, 10, 15, 60] {
+            let lease = Duration::from_secs(seconds);
+            let deadline = lease * 2 / 3;
+            assert!(retry_period(lease) * 5 <= deadline, "{seconds} s");
+        }
+    }
 
     #[test]
     fn a_leader_whose_passes_stopped_fails_its_liveness_probe() {

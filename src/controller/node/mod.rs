@@ -250,7 +250,12 @@ fn plugin_gone(
     if restarted
         && ownership == Ownership::Ours
         && let Some(record) = owner_record(node)
+        && !devices
+            .iter()
+            .any(|device| taint_value(&device.resource) == record.value)
     {
+        // The resource its taint names, by name if the node still lists it (with capacity 0),
+        // else by the taint value (`nvidia.com_gpu`), an alias until the resource is back.
         let resource = node
             .status
             .as_ref()
@@ -262,16 +267,24 @@ fn plugin_gone(
             })
             .cloned()
             .unwrap_or(record.value);
-        if !devices.iter().any(|device| device.resource == resource) {
-            seen.entry(resource).or_insert(0);
-        }
+        seen.entry(resource).or_insert(0);
     }
+    // A resource is back when a device count carries its name, or its taint value (an alias
+    // remembered after a restart), which is then forgotten for the name.
+    let back = |resource: &str| {
+        devices
+            .iter()
+            .any(|device| device.resource == resource || taint_value(&device.resource) == resource)
+    };
     if stale_annotation(node) {
-        seen.retain(|resource, _| devices.iter().any(|device| &device.resource == resource));
+        seen.retain(|resource, _| back(resource));
     }
+    seen.retain(|resource, _| {
+        devices.iter().any(|device| device.resource == *resource) || !back(resource)
+    });
     let vanished = seen
         .iter()
-        .filter(|(resource, _)| !devices.iter().any(|device| &device.resource == *resource))
+        .filter(|(resource, _)| !back(resource))
         .map(|(resource, capacity)| DeviceCount {
             resource: resource.clone(),
             capacity: *capacity,

@@ -895,6 +895,51 @@ fn a_node_whose_device_plugin_is_gone_is_never_healthy() {
 }
 
 #[test]
+fn after_a_restart_the_tainted_resource_is_found_by_its_taint_value() {
+    // A node gpu-guard tainted for its DRA GPUs, which are still there (one tainted by the
+    // driver): not plugin down, still tainted for the degradation.
+    let dra_tainted = with_taint(
+        node(None, None),
+        degraded_taint("dra/gpu.nvidia.com", false),
+        true,
+    );
+    let dra = vec![DeviceCount {
+        resource: "dra/gpu.nvidia.com".to_owned(),
+        capacity: 8,
+        allocatable: 7,
+    }];
+    let verdict = node_verdict_with(
+        &dra_tainted,
+        dra,
+        &policy(),
+        at(10),
+        &NodeHistory::default(),
+    );
+    assert_eq!(verdict.decision, TaintDecision::Tainted);
+    assert!(verdict.plugin_down.is_empty(), "{verdict:?}");
+    assert_eq!(
+        verdict.history.seen,
+        seen(&[("dra/gpu.nvidia.com", 8)]).seen
+    );
+
+    // Tainted while the resource was gone from the node altogether: remembered by its taint
+    // value; when the plugin is back the alias is forgotten and the node recovers.
+    let gone = ours(node(None, None));
+    let first = node_verdict(&gone, &policy(), at(10), &NodeHistory::default());
+    assert_eq!(first.plugin_down, ["nvidia.com_gpu"]);
+    let back = ours(node(Some("8"), Some("8")));
+    let second = node_verdict(&back, &policy(), at(20), &first.history);
+    assert!(second.plugin_down.is_empty());
+    assert_eq!(
+        second.decision,
+        TaintDecision::Recovering {
+            untaint_at: at(620)
+        }
+    );
+    assert_eq!(second.history.seen, seen(&[("nvidia.com/gpu", 8)]).seen);
+}
+
+#[test]
 fn the_devices_seen_are_remembered_at_their_most() {
     let first = node_verdict(
         &node(Some("8"), Some("8")),

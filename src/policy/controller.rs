@@ -63,7 +63,8 @@ pub struct NodeHealth {
     #[schemars(range(min = 0, max = 2_592_000))]
     pub healthy_for_seconds: u64,
     /// Taint with effect `NoExecute` instead of `NoSchedule`: pods on the node that do not
-    /// tolerate it are evicted too, healthy GPUs' pods included. Off by default.
+    /// tolerate it are evicted too, healthy GPUs' pods included. Never while the node's device
+    /// plugin is down (then `NoSchedule`). The GPU DaemonSets must tolerate it. Off by default.
     pub no_execute: bool,
     /// The safety valve: gpu-guard never holds more than this percentage of GPU nodes (nodes
     /// with capacity for a device resource) tainted at once, rounded down but at least one

@@ -10,14 +10,14 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use gpu_guard::controller::RBAC_RULES;
 use gpu_guard::controller::run::{self, ControllerOptions, LeaderElection};
+use gpu_guard::controller::{LEASE_RULES, RBAC_RULES};
 use hyper::Method;
 use serde_json::json;
 use support::controller::{
     World, at, gpu_node, lease_spec, lock, namespace, pod, pod_world, policy,
 };
-use support::fake_api::{Fake, Logged, NAMESPACES, NODES, PODS};
+use support::fake_api::{DAEMONSETS, Fake, Logged, NAMESPACES, NODES, PODS};
 use support::{DEADLINE, eventually};
 
 /// The RBAC `(group, resource, verb)` a request needs.
@@ -57,16 +57,40 @@ fn rbac_need(request: &Logged) -> (String, String, &'static str) {
     (group.to_owned(), resource, verb)
 }
 
-/// Every request the fake received is allowed by the controller's published RBAC rules.
+/// The name of the object a request names (`…/leases/<name>`), if any.
+fn named_object(request: &Logged) -> Option<&str> {
+    let path = request.path.trim_start_matches('/');
+    let rest = match path.strip_prefix("api/v1/") {
+        Some(rest) => rest,
+        None => path.strip_prefix("apis/")?.splitn(3, '/').nth(2)?,
+    };
+    let mut segments: Vec<&str> = rest.split('/').collect();
+    if segments.len() > 2 && segments[0] == "namespaces" {
+        segments.drain(..2);
+    }
+    segments.get(1).copied()
+}
+
+/// Every request the fake received is allowed by the controller's published RBAC rules: the
+/// ClusterRole's, or the namespaced Role's (Leases, only the controller's own for get/update).
 fn assert_rbac_allows(requests: &[Logged]) {
     assert!(!requests.is_empty());
     for request in requests {
         let (group, resource, verb) = rbac_need(request);
+        let cluster_wide = RBAC_RULES
+            .iter()
+            .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb));
+        let in_namespace = request.path.contains("/namespaces/gpu-guard/")
+            && LEASE_RULES.iter().any(|(g, r, verbs, names)| {
+                *g == group
+                    && *r == resource
+                    && verbs.contains(&verb)
+                    && (names.is_empty()
+                        || named_object(request).is_some_and(|name| names.contains(&name)))
+            });
         assert!(
-            RBAC_RULES
-                .iter()
-                .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb)),
-            "{verb} {group}/{resource} ({} {}) is not in controller::RBAC_RULES",
+            cluster_wide || in_namespace,
+            "{verb} {group}/{resource} ({} {}) is not in controller::RBAC_RULES or LEASE_RULES",
             request.method,
             request.path
         );
@@ -109,9 +133,18 @@ async fn the_published_rbac_rules_allow_every_call_the_controller_makes() {
     let mut a = lock(&fake, "replica-a");
     let now = Instant::now();
     assert!(a.try_acquire_or_renew(at(0), now).await.expect("acquire"));
+    assert_eq!(lock_name(&fake), gpu_guard::wellknown::LEASE_NAME);
     assert!(a.try_acquire_or_renew(at(1), now).await.expect("renew"));
     a.release(at(2)).await.expect("release");
     assert_rbac_allows(&fake.requests());
+}
+
+/// The name of the one Lease in the fake.
+fn lock_name(fake: &Fake) -> String {
+    let state = fake.lock();
+    let names: Vec<&String> = state.leases.keys().collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    names[0].rsplit('/').next().expect("a name").to_owned()
 }
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -193,6 +226,118 @@ async fn the_running_controller_leads_acts_serves_metrics_and_releases_its_lease
     })
     .await;
     second.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_leader_renews_its_lease_every_retry_period() {
+    let fake = Fake::start().await;
+    let options = ControllerOptions {
+        admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        leader_election: Some(LeaderElection {
+            namespace: "gpu-guard".to_owned(),
+            name: "gpu-guard-controller".to_owned(),
+            identity: "replica-a".to_owned(),
+            // Renew deadline 2 s, retry period 400 ms.
+            duration: Duration::from_secs(3),
+        }),
+        identity: Some("replica-a".to_owned()),
+    };
+    let running = run::start(fake.config(), policy(|_| {}), options)
+        .await
+        .expect("start");
+    eventually("leading", || running.metrics.leader.get() == 1).await;
+    let renewals = || {
+        fake.requests()
+            .iter()
+            .filter(|r| r.method == Method::PUT && r.path.contains("/leases/"))
+            .count()
+    };
+    let before = renewals();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let within_deadline = renewals() - before;
+    // Every 400 ms: about five renewals within the 2 s deadline (two at a third of the lease,
+    // as before; at least three leaves room for a loaded machine).
+    assert!(
+        (3..=6).contains(&within_deadline),
+        "{within_deadline} renewals in 2 s"
+    );
+    running.shutdown().await;
+}
+
+/// One replica, no election, the admin port on any free port.
+fn without_election() -> ControllerOptions {
+    ControllerOptions {
+        admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        leader_election: None,
+        identity: Some("test-1".to_owned()),
+    }
+}
+
+/// A DaemonSet in `gpu-operator` whose pod template is `template`.
+fn daemonset(name: &str, template: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+           "metadata": {"namespace": "gpu-operator", "name": name},
+           "spec": {"selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": template}}})
+}
+
+#[tokio::test]
+async fn at_start_the_gpu_daemonsets_that_do_not_tolerate_the_taint_are_counted() {
+    let fake = Fake::start().await;
+    let containers = json!([{"name": "c", "image": "i"}]);
+    // NVIDIA's device plugin manifest: tolerates only nvidia.com/gpu.
+    fake.put(
+        DAEMONSETS,
+        daemonset(
+            "nvidia-device-plugin",
+            json!({"containers": containers, "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}),
+        ),
+    );
+    fake.put(
+        DAEMONSETS,
+        daemonset(
+            "dcgm-exporter",
+            json!({"containers": containers,
+                   "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                   "tolerations": [{"key": "gpu-guard.io/device-degraded", "operator": "Exists"}]}),
+        ),
+    );
+    fake.put(
+        DAEMONSETS,
+        daemonset("kube-proxy", json!({"containers": containers})),
+    );
+    let running = run::start(fake.config(), policy(|_| {}), without_election())
+        .await
+        .expect("start");
+    eventually("the DaemonSets checked", || {
+        running.metrics.daemonsets_not_tolerating.get() == 1
+    })
+    .await;
+    let (status, metrics) = get(running.admin_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("gpu_guard_controller_daemonsets_not_tolerating 1"),
+        "{metrics}"
+    );
+    // Listed once, not watched.
+    assert_eq!(fake.lists(DAEMONSETS).len(), 1);
+    assert!(fake.watches(DAEMONSETS).is_empty());
+    assert_rbac_allows(&fake.requests());
+    running.shutdown().await;
+
+    // An API server that refuses the list: -1, and the controller runs on.
+    let refusing = Fake::start().await;
+    refusing.unserve(DAEMONSETS);
+    let running = run::start(refusing.config(), policy(|_| {}), without_election())
+        .await
+        .expect("start");
+    eventually("the failed list reported", || {
+        running.metrics.daemonsets_not_tolerating.get() == -1
+    })
+    .await;
+    eventually("caches synced", || running.metrics.caches_synced.get() == 1).await;
+    running.shutdown().await;
 }
 
 #[test]

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use support::controller::{
     TAINT_TIME, World, gpu_node, has_our_taint, pod_world, policy, push_taint,
 };
-use support::fake_api::{Logged, NODES, RESOURCE_SLICES};
+use support::fake_api::{Logged, NODES, PODS, RESOURCE_SLICES};
 
 #[tokio::test]
 async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery() {
@@ -132,7 +132,7 @@ async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery(
 async fn no_execute_when_configured() {
     let mut world = World::start(
         policy(|p| p.controller.node_health.no_execute = true),
-        vec![(NODES, gpu_node("gpu-1", 4, 0))],
+        vec![(NODES, gpu_node("gpu-1", 4, 1))],
     )
     .await;
     world.pass(0).await;
@@ -142,6 +142,50 @@ async fn no_execute_when_configured() {
         writes[0].body["spec"]["taints"][1],
         json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoExecute"})
     );
+}
+
+#[tokio::test]
+async fn no_execute_falls_back_to_no_schedule_while_the_device_plugin_is_down() {
+    // Allocatable 0 of 4: the kubelet has marked every device of a stopped plugin unhealthy.
+    // NoExecute would evict the device plugin's pod, and nothing would bring it back.
+    let mut world = World::start(
+        policy(|p| p.controller.node_health.no_execute = true),
+        vec![(NODES, gpu_node("gpu-1", 4, 0))],
+    )
+    .await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    let writes = world.fake.writes();
+    assert_eq!(
+        writes[0].body["spec"]["taints"][1],
+        json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"})
+    );
+    let events = world.fake.events();
+    assert_eq!(
+        events[0].2,
+        "tainted gpu-guard.io/device-degraded=nvidia.com_gpu:NoSchedule: nvidia.com/gpu device \
+         plugin down (4 seen, none allocatable) since 2027-01-15T08:00:00Z (threshold held 120 s); \
+         NoSchedule, not NoExecute: the device plugin is down, and NoExecute would evict the \
+         DaemonSet pods that bring it back"
+    );
+
+    // Later the kubelet drops the capacity to 0 too: still degraded, never untainted.
+    world.node_cached("gpu-1", has_our_taint).await;
+    let mut gone = world.fake.object(NODES, "gpu-1");
+    gone["status"]["capacity"]["nvidia.com/gpu"] = json!("0");
+    world.fake.put(NODES, gone);
+    world
+        .node_cached("gpu-1", |node| {
+            node["status"]["capacity"]["nvidia.com/gpu"] == "0"
+        })
+        .await;
+    world.fake.clear_requests();
+    let report = world.pass(5000).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    assert_eq!(world.metrics.tainted_nodes.get(), 1);
 }
 
 #[tokio::test]
@@ -346,8 +390,40 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
     assert_eq!(report.marked, ["ml/on-degraded"]);
     assert_eq!(report.evicted, ["ml/on-degraded"]);
 
-    // No PATCH, no eviction: only Events were written.
-    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    // Every PATCH and eviction was sent with dryRun=All (RBAC, admission, PDBs exercised),
+    // and nothing was stored.
+    let writes = world.fake.writes();
+    let sent: Vec<(Method, &str)> = writes
+        .iter()
+        .map(|w| (w.method.clone(), w.path.as_str()))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (Method::PATCH, "/api/v1/namespaces/ml/pods/sick/status"),
+            (Method::POST, "/api/v1/namespaces/ml/pods/sick/eviction"),
+            (Method::PATCH, "/api/v1/nodes/gpu-1"),
+            (
+                Method::PATCH,
+                "/api/v1/namespaces/ml/pods/on-degraded/status"
+            ),
+            (
+                Method::POST,
+                "/api/v1/namespaces/ml/pods/on-degraded/eviction"
+            ),
+        ]
+    );
+    for write in &writes {
+        assert_eq!(write.param("dryRun"), Some("All"), "{write:?}");
+    }
+    let eviction = writes.iter().find(|w| w.method == Method::POST).unwrap();
+    assert_eq!(eviction.body["kind"], "Eviction");
+    assert!(!has_our_taint(&world.fake.object(NODES, "gpu-1")));
+    assert_eq!(
+        world.fake.object(PODS, "ml/sick")["status"]["conditions"],
+        json!([{"type": "Ready", "status": "True"}]),
+        "a dry-run status patch is not stored"
+    );
     let events = world.fake.events();
     let reasons: Vec<(&str, &str)> = events
         .iter()
@@ -375,14 +451,16 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
     assert_eq!(world.metrics.pods_marked.get(), 2);
     assert_eq!(world.metrics.pods_evicted.get(), 2);
 
-    // Later passes do not repeat themselves; recovery is simulated too.
+    // Later passes do not repeat themselves; recovery is simulated too (the taint was only
+    // assumed: there is nothing to send for its removal).
+    world.fake.clear_requests();
     let report = world.pass(200).await;
     assert_eq!(report, PassReport::default());
     world.heal("gpu-1").await;
     world.pass(300).await;
     let report = world.pass(900).await;
     assert_eq!(report.untainted, ["gpu-1"]);
-    assert!(world.fake.writes().is_empty());
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
     assert_eq!(
         world.fake.events().last().expect("an event").0,
         "DeviceRecovered"

@@ -194,6 +194,16 @@ fn percent_decoded(text: &str) -> String {
 
 /// Pods `ml/a` and `ml/b`, hit by a device failure on `gpu-1`, to be evicted (not marked) at
 /// one eviction a minute.
+/// How many evictions the fake received.
+fn evictions_sent(world: &World) -> usize {
+    world
+        .fake
+        .writes()
+        .iter()
+        .filter(|w| w.path.ends_with("/eviction"))
+        .count()
+}
+
 async fn two_pods_to_evict() -> World {
     let objects = vec![
         (NODES, gpu_node("gpu-1", 8, 8)),
@@ -224,24 +234,37 @@ async fn evictions_are_rate_limited_and_a_pdb_refusal_waits() {
     let report = world.pass(30).await;
     assert_eq!(report.evictions_deferred, ["ml/b"]);
     // A minute later a token is there, but a PodDisruptionBudget refuses (429): not an error.
-    world.fake.lock().eviction_status = Some(429);
+    world.fake.lock().eviction_refused.insert("b".to_owned());
     let report = world.pass(60).await;
     assert_eq!(report.evictions_deferred, ["ml/b"]);
     assert!(report.errors.is_empty());
     assert_eq!(world.metrics.reconcile_errors.get(), 0);
     // The budget allows it later.
-    world.fake.lock().eviction_status = None;
+    world.fake.lock().eviction_refused.clear();
     let report = world.pass(120).await;
     assert_eq!(report.evicted, ["ml/b"]);
-    let evictions = world
-        .fake
-        .writes()
-        .iter()
-        .filter(|w| w.path.ends_with("/eviction"))
-        .count();
+    let evictions = evictions_sent(&world);
     assert_eq!(evictions, 3);
     assert_eq!(world.metrics.pods_evicted.get(), 2);
     assert_eq!(world.metrics.evictions_deferred.get(), 3);
+}
+
+#[tokio::test]
+async fn a_throttled_eviction_is_retried_on_the_next_pass_not_backed_off_like_a_budget_refusal() {
+    let mut world = two_pods_to_evict().await;
+    // API Priority and Fairness answers 429 without a disruption budget cause.
+    world.fake.lock().eviction_status = Some(429);
+    let report = world.pass(0).await;
+    assert!(report.evicted.is_empty());
+    assert_eq!(report.evictions_deferred, ["ml/a", "ml/b"]);
+    assert!(report.errors.is_empty(), "{report:?}");
+    // One second later, well within a budget refusal's 10 s backoff, both are tried again:
+    // their tokens were given back.
+    world.fake.lock().eviction_status = None;
+    let report = world.pass(1).await;
+    assert_eq!(report.evicted, ["ml/a"]);
+    let evictions = evictions_sent(&world);
+    assert_eq!(evictions, 3, "a and b throttled, then a evicted");
 }
 
 #[tokio::test]
@@ -304,6 +327,14 @@ async fn pods_nothing_would_recreate_elsewhere_are_marked_not_evicted() {
             PODS,
             owned_by(pod("ml", "bare", "gpu-1", true, false), json!(null)),
         ),
+        // A static pod's mirror, as the kubelet creates it (here with a Job-like owner, so
+        // only the annotation, kept by the cache, tells it apart).
+        (PODS, {
+            let mut mirror = pod("ml", "static", "gpu-1", true, false);
+            mirror["metadata"]["annotations"] =
+                json!({"kubernetes.io/config.mirror": "5e1f", "other": "dropped"});
+            mirror
+        }),
     ];
     let mut world = World::start(policy(|p| p.controller.pods.evict_pods = true), objects).await;
     world.pass(0).await;
@@ -311,7 +342,13 @@ async fn pods_nothing_would_recreate_elsewhere_are_marked_not_evicted() {
     assert_eq!(report.tainted, ["gpu-1"]);
     assert_eq!(
         report.marked,
-        ["ml/bare", "ml/daemon", "ml/job", "ml/tolerating"]
+        [
+            "ml/bare",
+            "ml/daemon",
+            "ml/job",
+            "ml/static",
+            "ml/tolerating"
+        ]
     );
     assert_eq!(report.evicted, ["ml/job"]);
 }

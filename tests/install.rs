@@ -20,7 +20,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Service};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -513,6 +513,76 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
     // admin routes, its role is exactly what it calls.
     let controller = named("gpu-guard-controller");
     covers(&rules_of(controller), &gpu_guard::controller::RBAC_RULES);
+    // Least privilege: no ClusterRole touches Leases; the controller's Lease rights are a Role
+    // of its namespace, bound to its account: get/update of its own Lease only, and create.
+    for role in &roles {
+        assert!(
+            role.rules.iter().flatten().all(|rule| !rule
+                .resources
+                .iter()
+                .flatten()
+                .any(|r| r == "leases")),
+            "ClusterRole {:?} grants rights on Leases cluster-wide",
+            role.metadata.name
+        );
+    }
+    let namespaced: Vec<Role> = one(&objects, "Role");
+    let namespaced_bindings: Vec<RoleBinding> = one(&objects, "RoleBinding");
+    let lease_binding = namespaced_bindings
+        .iter()
+        .find(|b| {
+            b.subjects.iter().flatten().any(|s| {
+                s.kind == "ServiceAccount"
+                    && s.name == "gpu-guard-controller"
+                    && s.namespace.as_deref() == Some(namespace)
+            })
+        })
+        .expect("a RoleBinding for the controller");
+    assert_eq!(lease_binding.metadata.namespace.as_deref(), Some(namespace));
+    assert_eq!(lease_binding.role_ref.kind, "Role");
+    let lease_role = namespaced
+        .iter()
+        .find(|r| r.metadata.name.as_ref() == Some(&lease_binding.role_ref.name))
+        .expect("the controller's Role");
+    assert_eq!(lease_role.metadata.namespace.as_deref(), Some(namespace));
+    // (apiGroups, resources, verbs, resourceNames)
+    type Rule = (Vec<String>, Vec<String>, Vec<String>, Vec<String>);
+    let lease_rules: Vec<Rule> = lease_role
+        .rules
+        .iter()
+        .flatten()
+        .map(|rule| {
+            (
+                rule.api_groups.clone().unwrap_or_default(),
+                rule.resources.clone().unwrap_or_default(),
+                rule.verbs.clone(),
+                rule.resource_names.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        lease_rules,
+        vec![
+            (
+                strings(&["coordination.k8s.io"]),
+                strings(&["leases"]),
+                strings(&["get", "update"]),
+                strings(&[wellknown::LEASE_NAME]),
+            ),
+            (
+                strings(&["coordination.k8s.io"]),
+                strings(&["leases"]),
+                strings(&["create"]),
+                vec![],
+            ),
+        ]
+    );
+    assert_eq!(
+        gpu_guard::controller::LEASE_RULES.len(),
+        lease_rules.len(),
+        "the Role is generated from controller::LEASE_RULES"
+    );
     let container = webhook_container(controller);
     let args = std::iter::once("gpu-guard".to_owned()).chain(container.args.clone().unwrap());
     let Command::Controller(parsed) = Cli::try_parse_from(args)

@@ -13,8 +13,9 @@ use crate::policy::Policy;
 pub struct ControllerArgs {
     #[command(flatten)]
     pub kube: KubeconfigArgs,
-    /// Change nothing (no taint, pod condition or eviction); log, count and emit Events only.
-    /// Overrides the policy's controller.dryRun when set.
+    /// Change nothing: taints, pod conditions and evictions are sent with dryRun=All (checked,
+    /// not stored); log, count and emit Events. Overrides the policy's controller.dryRun when
+    /// set.
     #[arg(long, env = "GPU_GUARD_DRY_RUN")]
     pub dry_run: bool,
     /// Address of the plain-HTTP admin listener (/healthz, /readyz, /metrics).
@@ -26,7 +27,8 @@ pub struct ControllerArgs {
     /// Name of the leader-election Lease.
     #[arg(long, env = "GPU_GUARD_LEASE_NAME", default_value = crate::wellknown::LEASE_NAME)]
     pub lease_name: String,
-    /// Seconds a Lease lasts without renewal (renewed every third of it), 3 to 3600.
+    /// Seconds a Lease lasts without renewal (renewed every 2 s, or a fifth of two thirds of it
+    /// when shorter than 15 s), 3 to 3600.
     #[arg(long, env = "GPU_GUARD_LEASE_DURATION_SECONDS", default_value_t = 15,
           value_parser = clap::value_parser!(u64).range(3..=3600))]
     pub lease_duration_seconds: u64,

@@ -263,6 +263,18 @@ impl Leadership {
     }
 }
 
+/// client-go's default retry period: how often a replica tries to acquire or renew the Lease
+/// (k8s.io/component-base `config/v1alpha1/defaults.go`,
+/// `RecommendedDefaultLeaderElectionConfiguration`: lease 15 s, renew deadline 10 s, retry 2 s).
+pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// The retry period for a Lease of `lease_duration`: [`RETRY_PERIOD`], or a fifth of the renew
+/// deadline (two thirds of the lease) when that is shorter, so a leader gets about five tries
+/// at renewing before its deadline (15 s: 2 s, as client-go; 3 s: 400 ms).
+pub fn retry_period(lease_duration: Duration) -> Duration {
+    RETRY_PERIOD.min(lease_duration * 2 / 3 / 5)
+}
+
 /// Runs the election: one [`Elector::round`] every retry period tells whether this replica may
 /// act, and until when.
 pub struct Elector {

@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 14] = [
+pub const METRIC_NAMES: [(&str, &str); 15] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
@@ -23,6 +23,7 @@ pub const METRIC_NAMES: [(&str, &str); 14] = [
     ("gpu_guard_controller_leader", "gauge"),
     ("gpu_guard_controller_dry_run", "gauge"),
     ("gpu_guard_controller_caches_synced", "gauge"),
+    ("gpu_guard_controller_daemonsets_not_tolerating", "gauge"),
 ];
 
 /// Every metric the controller exports.
@@ -43,6 +44,9 @@ pub struct ControllerMetrics {
     pub leader: Gauge,
     pub dry_run: Gauge,
     pub caches_synced: Gauge,
+    /// GPU DaemonSets that do not tolerate gpu-guard's taint, as listed at start (-1: the list
+    /// failed).
+    pub daemonsets_not_tolerating: Gauge,
 }
 
 impl Default for ControllerMetrics {
@@ -94,7 +98,7 @@ impl Default for ControllerMetrics {
             evictions_deferred: register!(
                 Counter::default(),
                 "controller_evictions_deferred",
-                "Evictions put off to a later pass: rate limit reached, or refused by a PodDisruptionBudget (429)"
+                "Evictions put off to a later pass: rate limit reached, refused by a PodDisruptionBudget (429), or throttled by the API server (429)"
             ),
             safety_valve_trips: register!(
                 Counter::default(),
@@ -125,6 +129,11 @@ impl Default for ControllerMetrics {
                 Gauge::default(),
                 "controller_caches_synced",
                 "1 once the Node, Pod and Namespace caches have listed"
+            ),
+            daemonsets_not_tolerating: register!(
+                Gauge::default(),
+                "controller_daemonsets_not_tolerating",
+                "GPU DaemonSets (device plugin, DCGM exporter, driver) whose pod template does not tolerate gpu-guard's taint, listed at start (-1: could not list)"
             ),
             registry,
         }

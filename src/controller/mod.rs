@@ -40,12 +40,14 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// - pods/eviction create: evict hit pods (`controller.pods.evictPods`);
 /// - namespaces get/list/watch: which namespaces opted in (label `gpu-guard.io/enabled`);
 /// - resourceslices (`resource.k8s.io`) get/list/watch: the DRA devices of each node;
+/// - daemonsets (`apps`) list: once at start, to warn of GPU DaemonSets that do not tolerate
+///   gpu-guard's taint ([`node::daemonsets`]);
 /// - events (`events.k8s.io`) create/patch: kube's event recorder creates `events.k8s.io/v1`
 ///   Events, and patches one that repeats within minutes (an event series);
-/// - leases get/create/update: leader election (a Role in the controller's namespace would
-///   do; a ClusterRole rule keeps the installation to one role).
 ///
-/// `tests/controller.rs` checks that every call the controller makes is allowed by these.
+/// Nothing on leases: those rights are [`LEASE_RULES`], in a Role of the controller's
+/// namespace. `tests/controller.rs` checks that every call the controller makes is allowed by
+/// these two.
 pub const RBAC_RULES: [(&str, &str, &[&str]); 8] = [
     ("", "nodes", &["get", "list", "watch", "patch"]),
     ("", "pods", &["get", "list", "watch"]),
@@ -57,12 +59,34 @@ pub const RBAC_RULES: [(&str, &str, &[&str]); 8] = [
         "resourceslices",
         &["get", "list", "watch"],
     ),
+    ("apps", "daemonsets", &["list"]),
     ("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// One rule of the controller's namespaced Role: `(API group, resource, verbs, resourceNames)`.
+pub type NamedRule = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+/// The leader-election rights, in a Role of the controller's namespace (not the ClusterRole:
+/// `update` on every Lease of the cluster would reach the kube-controller-manager's and
+/// kube-scheduler's leader Leases and every node heartbeat in `kube-node-lease`): `get` and
+/// `update` of the controller's own Lease only (`resourceNames`), and `create`, which RBAC
+/// cannot restrict by name (the name of a new object is not known when the request is
+/// authorized; Kubernetes RBAC documentation, "Referring to resources"), so the first replica
+/// can create the Lease. The Lease name is the default one ([`crate::wellknown::LEASE_NAME`]):
+/// a controller run with another `--lease-name` needs its Role changed to match.
+pub const LEASE_RULES: [NamedRule; 2] = [
     (
         "coordination.k8s.io",
         "leases",
-        &["get", "create", "update"],
+        &["get", "update"],
+        &[crate::wellknown::LEASE_NAME],
     ),
+    ("coordination.k8s.io", "leases", &["create"], &[]),
 ];
 
 #[cfg(test)]

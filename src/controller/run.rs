@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use tokio::net::TcpListener;
@@ -20,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::lease::{Elector, Leadership, LeaseLock};
 use super::metrics::ControllerMetrics;
+use super::node;
 use super::reconcile::{Caches, Reconciler};
 use crate::cluster;
 use crate::policy::Policy;
@@ -34,7 +36,8 @@ pub struct LeaderElection {
     pub namespace: String,
     pub name: String,
     pub identity: String,
-    /// How long a lease lasts without renewal; renewed every third of it.
+    /// How long a lease lasts without renewal; renewed every retry period
+    /// ([`super::lease::retry_period`]: 2 s for 15 s).
     pub duration: Duration,
 }
 
@@ -172,7 +175,7 @@ pub async fn start(
             );
             Some(tokio::spawn(elect(
                 Elector::new(lock),
-                election.duration / 3,
+                super::lease::retry_period(election.duration),
                 leader_tx,
                 leadership.clone(),
                 metrics.clone(),
@@ -182,6 +185,11 @@ pub async fn start(
         _ => None,
     };
 
+    tokio::spawn(warn_of_daemonsets_shut_out(
+        client.clone(),
+        policy.clone(),
+        metrics.clone(),
+    ));
     let caches = Caches::start(&client);
     let mut reconciler = Reconciler::new(config, policy.clone(), options.identity, metrics.clone())
         .map_err(std::io::Error::other)?;
@@ -208,6 +216,40 @@ pub async fn start(
         election,
         admin,
     })
+}
+
+/// Lists the DaemonSets once and warns of each GPU DaemonSet that gpu-guard's taint would shut
+/// out of a node it taints ([`node::daemonsets::shut_out`]): a log line each, naming the fix,
+/// and their number in `gpu_guard_controller_daemonsets_not_tolerating` (an alert can watch
+/// it; a log line alone scrolls away). Not an Event: an Event on someone else's DaemonSet would
+/// need Event rights in every namespace, and repeats at every restart of both replicas. Once,
+/// at start: a DaemonSet changed later is seen at the next restart (a watch on every
+/// DaemonSet of the cluster would cost memory for a warning).
+async fn warn_of_daemonsets_shut_out(
+    client: Client,
+    policy: Policy,
+    metrics: Arc<ControllerMetrics>,
+) {
+    let api = kube::Api::<DaemonSet>::all(client);
+    let listed = match api.list(&kube::api::ListParams::default()).await {
+        Ok(listed) => listed,
+        Err(error) => {
+            metrics.daemonsets_not_tolerating.set(-1);
+            tracing::warn!(%error, "cannot list DaemonSets to check that the GPU DaemonSets tolerate gpu-guard's taint (RBAC: list daemonsets.apps)");
+            return;
+        }
+    };
+    let shut_out: Vec<_> = listed
+        .items
+        .iter()
+        .filter_map(|daemonset| node::daemonsets::shut_out(daemonset, &policy))
+        .collect();
+    for found in &shut_out {
+        tracing::warn!(daemonset = %found.daemonset, "{}", found.message());
+    }
+    metrics
+        .daemonsets_not_tolerating
+        .set(i64::try_from(shut_out.len()).unwrap_or(i64::MAX));
 }
 
 async fn elect(
@@ -438,6 +480,30 @@ fn hostname() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lease_is_renewed_every_retry_period_within_the_deadline() {
+        use super::super::lease::retry_period;
+        // client-go's defaults: 15 s lease, 10 s deadline, 2 s retry.
+        assert_eq!(
+            retry_period(Duration::from_secs(15)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            retry_period(Duration::from_secs(3600)),
+            Duration::from_secs(2)
+        );
+        // Short leases: a fifth of the deadline, about five tries before it.
+        assert_eq!(
+            retry_period(Duration::from_secs(3)),
+            Duration::from_millis(400)
+        );
+        for seconds in [3, 5, 10, 15, 60] {
+            let lease = Duration::from_secs(seconds);
+            let deadline = lease * 2 / 3;
+            assert!(retry_period(lease) * 5 <= deadline, "{seconds} s");
+        }
+    }
 
     #[test]
     fn a_leader_whose_passes_stopped_fails_its_liveness_probe() {

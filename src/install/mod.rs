@@ -20,7 +20,9 @@ use k8s_openapi::api::core::v1::{
     Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
@@ -248,19 +250,62 @@ fn rbac_objects(
         }),
         to_value(ClusterRoleBinding {
             metadata: meta(None),
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                kind: "ClusterRole".to_owned(),
-                name: name.to_owned(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".to_owned(),
-                name: name.to_owned(),
-                namespace: Some(namespace.to_owned()),
-                ..Subject::default()
-            }]),
+            role_ref: role_ref("ClusterRole", name),
+            subjects: Some(account_subject(name, namespace)),
         }),
     ]
+}
+
+/// A Role of `namespace` with `rules` (each with its `resourceNames`, none: any name) and its
+/// binding to the ServiceAccount `name`, both named `name`.
+fn namespaced_role(
+    component: &str,
+    name: &str,
+    namespace: &str,
+    rules: &[crate::controller::NamedRule],
+) -> Vec<Value> {
+    let meta = || component_meta(component, name, Some(namespace));
+    let rules = rules
+        .iter()
+        .map(|(group, resource, verbs, names)| PolicyRule {
+            api_groups: Some(vec![(*group).to_owned()]),
+            resources: Some(vec![(*resource).to_owned()]),
+            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+            resource_names: (!names.is_empty())
+                .then(|| names.iter().map(|n| (*n).to_owned()).collect()),
+            ..PolicyRule::default()
+        })
+        .collect();
+    vec![
+        to_value(Role {
+            metadata: meta(),
+            rules: Some(rules),
+        }),
+        to_value(RoleBinding {
+            metadata: meta(),
+            role_ref: role_ref("Role", name),
+            subjects: Some(account_subject(name, namespace)),
+        }),
+    ]
+}
+
+/// A binding's reference to the `kind` (`ClusterRole`, `Role`) named `name`.
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: Some("rbac.authorization.k8s.io".to_owned()),
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+    }
+}
+
+/// A binding's subjects: the ServiceAccount `name` of `namespace`.
+fn account_subject(name: &str, namespace: &str) -> Vec<Subject> {
+    vec![Subject {
+        kind: "ServiceAccount".to_owned(),
+        name: name.to_owned(),
+        namespace: Some(namespace.to_owned()),
+        ..Subject::default()
+    }]
 }
 
 fn probe(path: &str, period: i32, failures: i32) -> Probe {
@@ -441,18 +486,25 @@ pub const CONTROLLER_DOWNWARD_API_ENV: [(&str, &str); 2] = [
 ];
 
 /// The controller (`gpu-guard controller`): its ServiceAccount, ClusterRole (exactly
-/// [`crate::controller::RBAC_RULES`]) and binding, a Deployment of two replicas of which
+/// [`crate::controller::RBAC_RULES`]) and binding, a Role of its namespace (exactly
+/// [`crate::controller::LEASE_RULES`]: its own Lease) and binding, a Deployment of two replicas of which
 /// the Lease holder acts, and its NetworkPolicy.
 pub fn controller(options: &Options) -> Vec<File> {
     const NAME: &str = "gpu-guard-controller";
     let namespace = options.namespace.as_str();
     let meta = |name: &str, namespace: Option<&str>| component_meta("controller", name, namespace);
-    let rbac = rbac_objects(
+    let mut rbac = rbac_objects(
         "controller",
         NAME,
         namespace,
         &crate::controller::RBAC_RULES,
     );
+    rbac.extend(namespaced_role(
+        "controller",
+        NAME,
+        namespace,
+        &crate::controller::LEASE_RULES,
+    ));
     let labels = component_labels("controller");
     let env = CONTROLLER_DOWNWARD_API_ENV
         .iter()

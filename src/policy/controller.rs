@@ -18,8 +18,10 @@ pub const MAX_RESYNC_SECONDS: u64 = 3600;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Controller {
-    /// Compute, log, count and emit Events for everything, but change nothing: no taint, no
-    /// pod condition, no eviction. `gpu-guard controller --dry-run` turns it on too.
+    /// Compute, log, count and emit Events for everything, but change nothing: taints, pod
+    /// conditions and evictions are sent with `dryRun=All` (checked by the API server, RBAC,
+    /// admission and PodDisruptionBudgets included, and not stored). `gpu-guard controller
+    /// --dry-run` turns it on too.
     pub dry_run: bool,
     /// Seconds between two full passes over nodes and pods. Watch events trigger a pass
     /// sooner; this bounds how late a time threshold (`degradedForSeconds`, ...) is noticed (at most one hour).
@@ -61,7 +63,8 @@ pub struct NodeHealth {
     #[schemars(range(min = 0, max = 2_592_000))]
     pub healthy_for_seconds: u64,
     /// Taint with effect `NoExecute` instead of `NoSchedule`: pods on the node that do not
-    /// tolerate it are evicted too, healthy GPUs' pods included. Off by default.
+    /// tolerate it are evicted too, healthy GPUs' pods included. Never while the node's device
+    /// plugin is down (then `NoSchedule`). The GPU DaemonSets must tolerate it. Off by default.
     pub no_execute: bool,
     /// The safety valve: gpu-guard never holds more than this percentage of GPU nodes (nodes
     /// with capacity for a device resource) tainted at once, rounded down but at least one

@@ -41,7 +41,8 @@ pub struct DeviceResources {
     pub class_prefixes: Vec<String>,
     /// DRA drivers whose devices are GPUs: the node health controller counts the devices their
     /// ResourceSlices publish for a node (and those tainted unusable), beside the extended
-    /// resources of its status.
+    /// resources of its status, and only their devices mark a pod the kubelet reports an
+    /// unhealthy DRA device of.
     pub drivers: Vec<String>,
 }
 

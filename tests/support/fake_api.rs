@@ -7,7 +7,7 @@
 //! (`?watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=N`) as a stream of
 //! newline-delimited watch events. It applies and records the writes the controller sends:
 //! node merge patches with their resourceVersion precondition, pod status patches, evictions,
-//! Events, Leases. A test changes objects silently ([`Fake::set`], [`Fake::remove`]: the next
+//! Events, Leases; a write with `dryRun=All` is answered and recorded, not applied. A test changes objects silently ([`Fake::set`], [`Fake::remove`]: the next
 //! list shows it) or with a watch event ([`Fake::put`], [`Fake::event`]); sends `410 Gone`;
 //! holds lists or watches unanswered; ends the watch streams; delays or refuses writes through
 //! [`State`]; and reads the log of requests.
@@ -37,9 +37,10 @@ pub const CLAIM_TEMPLATES: &str = "/apis/resource.k8s.io/v1/resourceclaimtemplat
 pub const CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 pub const DEVICE_CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
 pub const RESOURCE_SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+pub const DAEMONSETS: &str = "/apis/apps/v1/daemonsets";
 
 /// The collections served: path, kind, apiVersion.
-const COLLECTIONS: [(&str, &str, &str); 8] = [
+const COLLECTIONS: [(&str, &str, &str); 9] = [
     (NODES, "Node", "v1"),
     (PODS, "Pod", "v1"),
     (NAMESPACES, "Namespace", "v1"),
@@ -52,6 +53,7 @@ const COLLECTIONS: [(&str, &str, &str); 8] = [
     (CLAIMS, "ResourceClaim", "resource.k8s.io/v1"),
     (DEVICE_CLASSES, "DeviceClass", "resource.k8s.io/v1"),
     (RESOURCE_SLICES, "ResourceSlice", "resource.k8s.io/v1"),
+    (DAEMONSETS, "DaemonSet", "apps/v1"),
 ];
 
 // === the log ===
@@ -130,7 +132,8 @@ pub struct State {
     /// The next node patches answered 409 after `conflict_change` is applied to the node.
     pub node_conflicts: usize,
     pub conflict_change: Option<fn(&mut Value)>,
-    /// The status evictions are answered with (201 by default).
+    /// The status evictions are answered with (201 by default; 429: throttled, as API Priority
+    /// and Fairness answers).
     pub eviction_status: Option<u16>,
     /// Lease requests are answered 500 while true.
     pub leases_failing: bool,
@@ -142,7 +145,49 @@ pub struct State {
     pub status_delay: Option<Duration>,
 }
 
+/// What a dry-run write must leave as it was.
+pub struct Kept {
+    resource_version: u64,
+    objects: BTreeMap<&'static str, BTreeMap<String, Value>>,
+    watchers: BTreeMap<&'static str, Vec<mpsc::UnboundedSender<Bytes>>>,
+    leases: BTreeMap<String, Value>,
+}
+
 impl State {
+    /// Keeps the objects, the resourceVersion and the Leases, and takes the watchers away, so
+    /// a dry-run write is answered as it would be and changes nothing, unseen.
+    fn take_for_dry_run(&mut self) -> Kept {
+        Kept {
+            resource_version: self.resource_version,
+            objects: self
+                .collections
+                .iter()
+                .map(|(path, collection)| (*path, collection.objects.clone()))
+                .collect(),
+            watchers: self
+                .collections
+                .iter_mut()
+                .map(|(path, collection)| (*path, std::mem::take(&mut collection.watchers)))
+                .collect(),
+            leases: self.leases.clone(),
+        }
+    }
+
+    fn restore_after_dry_run(&mut self, kept: Kept) {
+        self.resource_version = kept.resource_version;
+        self.leases = kept.leases;
+        for (path, objects) in kept.objects {
+            if let Some(collection) = self.collections.get_mut(path) {
+                collection.objects = objects;
+            }
+        }
+        for (path, watchers) in kept.watchers {
+            if let Some(collection) = self.collections.get_mut(path) {
+                collection.watchers = watchers;
+            }
+        }
+    }
+
     /// Stores `object` with the next resourceVersion, silently; returns it as stored.
     fn store(&mut self, path: &str, mut object: Value) -> Value {
         self.resource_version += 1;
@@ -308,6 +353,10 @@ impl Fake {
         }
 
         let mut state = self.lock();
+        // `dryRun=All`: answered as the write would be, and nothing kept (no watch event).
+        let dry_run =
+            query.get("dryRun").map(String::as_str) == Some("All") && method != Method::GET;
+        let before = dry_run.then(|| state.take_for_dry_run());
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let response = match (&method, segments.as_slice()) {
             (&Method::GET, _) if state.collections.contains_key(path.as_str()) => {
@@ -329,20 +378,24 @@ impl Fake {
             (&Method::POST, ["api", "v1", "namespaces", _, "pods", pod, "eviction"]) => {
                 let refused = state.eviction_refused.contains(*pod);
                 match state.eviction_status {
-                    _ if refused => (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        status(
+                    // As the eviction subresource refuses for a PodDisruptionBudget.
+                    _ if refused => {
+                        let mut refusal = status(
                             429,
                             "TooManyRequests",
                             "Cannot evict pod as it would violate the pod's disruption budget.",
-                        ),
-                    ),
+                        );
+                        refusal["details"] = json!({"causes": [{"reason": "DisruptionBudget",
+                            "message": "The disruption budget train needs 2 healthy pods and has 2 currently"}]});
+                        (StatusCode::TOO_MANY_REQUESTS, refusal)
+                    }
+                    // As API Priority and Fairness throttles: no disruption budget cause.
                     Some(429) => (
                         StatusCode::TOO_MANY_REQUESTS,
                         status(
                             429,
                             "TooManyRequests",
-                            "Cannot evict pod as it would violate the pod's disruption budget.",
+                            "Too many requests, please try again later.",
                         ),
                     ),
                     _ => (
@@ -376,6 +429,9 @@ impl Fake {
             ) => lease(&mut state, &method, rest.first().copied(), body),
             _ => (StatusCode::NOT_FOUND, status(404, "NotFound", "not served")),
         };
+        if let Some(before) = before {
+            state.restore_after_dry_run(before);
+        }
         Ok(json_response(response.0, &response.1))
     }
 

@@ -6,6 +6,16 @@
 //! allocatable). A node missing either field for a resource, or with a quantity that is not a
 //! whole number, is not judged for it. DRA devices count too, per driver: those its
 //! ResourceSlices publish, unusable when tainted ([`dra_device_counts`]).
+//!
+//! A resource whose device plugin is gone is "plugin down", never healthy: allocatable 0 for
+//! every device while capacity is not (the kubelet marks a vanished plugin's devices unhealthy),
+//! or a resource the node had that vanished from capacity/allocatable (after a grace period the
+//! kubelet drops its capacity to 0 too). Treating those as "not judged", i.e. healthy, made a
+//! loop: untaint, plugin back, taint again (issue 16).
+
+pub mod daemonsets;
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -29,6 +39,14 @@ impl DeviceCount {
     pub fn unusable(&self) -> u64 {
         self.capacity.saturating_sub(self.allocatable)
     }
+
+    /// Whether the device plugin of this extended resource has stopped: none of its devices is
+    /// allocatable (the kubelet marks every device of a plugin that unregistered unhealthy,
+    /// `pkg/kubelet/cm/devicemanager/manager.go` `markResourceUnhealthy`, v1.36). A DRA driver
+    /// whose devices are all tainted is still running: it tainted them.
+    pub fn plugin_stopped(&self) -> bool {
+        self.capacity > 0 && self.allocatable == 0 && !self.resource.starts_with("dra/")
+    }
 }
 
 /// What the controller remembers of a node between passes (in memory; rebuilt conservatively
@@ -41,6 +59,11 @@ pub struct NodeHistory {
     pub healthy_since: Option<Timestamp>,
     /// Dry run: the controller acts as if it had added its taint (it did not).
     pub assumed_tainted: bool,
+    /// Every device resource seen on the node with devices, and the most devices seen: one
+    /// that vanishes later is "plugin down" ([`NodeVerdict::plugin_down`]). Kept across a
+    /// taint and its removal; forgotten when the node is deleted, when leadership changes, or
+    /// when someone removes gpu-guard's taint by hand (a person's word that the node is fine).
+    pub seen: BTreeMap<String, u64>,
 }
 
 /// What should happen to a node.
@@ -71,8 +94,11 @@ pub struct NodeVerdict {
     pub decision: TaintDecision,
     /// Every judged device resource, by name.
     pub devices: Vec<DeviceCount>,
-    /// The resources at or past the threshold.
+    /// The resources at or past the threshold, and those whose device plugin is down.
     pub degraded: Vec<DeviceCount>,
+    /// The resources whose device plugin is down (by name): degraded whatever the threshold,
+    /// and never tainted `NoExecute` (that would evict the device plugin's own pod).
+    pub plugin_down: Vec<String>,
     pub history: NodeHistory,
 }
 
@@ -82,26 +108,40 @@ impl NodeVerdict {
         !self.devices.is_empty()
     }
 
-    /// What was seen, for Events and the log: `2 of 8 nvidia.com/gpu unusable (allocatable 6)`.
+    /// What was seen, for Events and the log: `2 of 8 nvidia.com/gpu unusable (allocatable 6)`,
+    /// `nvidia.com/gpu device plugin down (8 seen, none allocatable)`.
     pub fn describe_degraded(&self) -> String {
-        describe(&self.degraded)
+        self.degraded
+            .iter()
+            .map(|device| {
+                if !self.plugin_down.contains(&device.resource) {
+                    format!(
+                        "{} of {} {} unusable (allocatable {})",
+                        device.unusable(),
+                        device.capacity,
+                        device.resource,
+                        device.allocatable
+                    )
+                } else if device.capacity > 0 {
+                    format!(
+                        "{} device plugin down ({} seen, none allocatable)",
+                        device.resource, device.capacity
+                    )
+                } else {
+                    format!(
+                        "{} device plugin down (gone from the node)",
+                        device.resource
+                    )
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
-}
 
-fn describe(devices: &[DeviceCount]) -> String {
-    devices
-        .iter()
-        .map(|device| {
-            format!(
-                "{} of {} {} unusable (allocatable {})",
-                device.unusable(),
-                device.capacity,
-                device.resource,
-                device.allocatable
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    /// Whether the device plugin of any resource of the node is down.
+    pub fn is_plugin_down(&self) -> bool {
+        !self.plugin_down.is_empty()
+    }
 }
 
 /// Judges one node. `history` is what the previous pass returned (empty at first).
@@ -125,16 +165,27 @@ pub fn node_verdict_with(
 ) -> NodeVerdict {
     let mut devices = device_counts(node, policy);
     devices.extend(dra);
+    let ownership = ownership(node);
+    let (vanished, seen) = plugin_gone(node, &devices, history, ownership);
+    let mut plugin_down: Vec<String> = devices
+        .iter()
+        .filter(|device| device.plugin_stopped())
+        .map(|device| device.resource.clone())
+        .collect();
+    plugin_down.extend(vanished.iter().map(|device| device.resource.clone()));
+    devices.extend(vanished);
     let degraded: Vec<DeviceCount> = devices
         .iter()
-        .filter(|device| threshold_reached(device, policy))
+        .filter(|device| {
+            plugin_down.contains(&device.resource) || threshold_reached(device, policy)
+        })
         .cloned()
         .collect();
-    let ownership = ownership(node);
     let owned = ownership == Ownership::Ours || history.assumed_tainted;
     let health = &policy.controller.node_health;
     let mut next = NodeHistory {
         assumed_tainted: history.assumed_tainted,
+        seen,
         ..NodeHistory::default()
     };
     let decision = if ownership == Ownership::Foreign {
@@ -178,8 +229,73 @@ pub fn node_verdict_with(
         decision,
         devices,
         degraded,
+        plugin_down,
         history: next,
     }
+}
+
+/// The resources the node had (`history.seen`) that are gone from its device counts now, as
+/// counts with nothing allocatable; and what to remember as seen for the next pass. After a
+/// restart (an empty history) the resource gpu-guard's own taint names counts as seen, so that
+/// a node tainted while its plugin was gone is not untainted as "healthy". A stale owner
+/// annotation (someone removed gpu-guard's taint by hand) forgets the vanished resources.
+fn plugin_gone(
+    node: &Node,
+    devices: &[DeviceCount],
+    history: &NodeHistory,
+    ownership: Ownership,
+) -> (Vec<DeviceCount>, BTreeMap<String, u64>) {
+    let mut seen = history.seen.clone();
+    let restarted = history == &NodeHistory::default();
+    if restarted
+        && ownership == Ownership::Ours
+        && let Some(record) = owner_record(node)
+        && !devices
+            .iter()
+            .any(|device| taint_value(&device.resource) == record.value)
+    {
+        // The resource its taint names, by name if the node still lists it (with capacity 0),
+        // else by the taint value (`nvidia.com_gpu`), an alias until the resource is back.
+        let resource = node
+            .status
+            .as_ref()
+            .and_then(|status| status.capacity.as_ref())
+            .and_then(|capacity| {
+                capacity
+                    .keys()
+                    .find(|resource| taint_value(resource) == record.value)
+            })
+            .cloned()
+            .unwrap_or(record.value);
+        seen.entry(resource).or_insert(0);
+    }
+    // A resource is back when a device count carries its name, or its taint value (an alias
+    // remembered after a restart), which is then forgotten for the name.
+    let back = |resource: &str| {
+        devices
+            .iter()
+            .any(|device| device.resource == resource || taint_value(&device.resource) == resource)
+    };
+    if stale_annotation(node) {
+        seen.retain(|resource, _| back(resource));
+    }
+    seen.retain(|resource, _| {
+        devices.iter().any(|device| device.resource == *resource) || !back(resource)
+    });
+    let vanished = seen
+        .iter()
+        .filter(|(resource, _)| !back(resource))
+        .map(|(resource, capacity)| DeviceCount {
+            resource: resource.clone(),
+            capacity: *capacity,
+            allocatable: 0,
+        })
+        .collect();
+    for device in devices {
+        let most = seen.entry(device.resource.clone()).or_insert(0);
+        *most = (*most).max(device.capacity);
+    }
+    (vanished, seen)
 }
 
 /// `seconds` after `since`, saturating at the end of time (never a panic: an owner annotation
@@ -288,6 +404,49 @@ pub fn dra_device_counts<'a>(
     counts.retain(|count| count.capacity > 0);
     counts.sort_by(|a, b| a.resource.cmp(&b.resource));
     counts
+}
+
+/// The start-up hint when no node is judged although nodes publish DRA ResourceSlices: GPUs
+/// served through DRA (its extended-resource mapping included, which never shows in
+/// `status.capacity`) are judged only for the drivers of `devices.drivers`. `None` when some
+/// node is judged or no slice is bound to a node. Full DRA node health belongs to the DRA work.
+pub fn unjudged_dra_hint<'a>(
+    gpu_nodes: usize,
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    policy: &Policy,
+) -> Option<String> {
+    if gpu_nodes > 0 {
+        return None;
+    }
+    let mut nodes_by_driver: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for slice in slices {
+        if let Some(node) = slice.spec.node_name.as_deref() {
+            nodes_by_driver
+                .entry(slice.spec.driver.as_str())
+                .or_default()
+                .insert(node);
+        }
+    }
+    if nodes_by_driver.is_empty() {
+        return None;
+    }
+    let drivers = nodes_by_driver
+        .iter()
+        .map(|(driver, nodes)| {
+            let listed = if policy.devices.drivers.iter().any(|known| known == driver) {
+                "in devices.drivers, no device"
+            } else {
+                "not in devices.drivers"
+            };
+            format!("{driver} ({} nodes, {listed})", nodes.len())
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "no node is judged (no device resource in any node's capacity), but nodes publish DRA \
+         ResourceSlices: {drivers}. DRA GPUs are judged only for the drivers listed in the \
+         policy's devices.drivers: add a GPU driver there to have its nodes judged"
+    ))
 }
 
 /// A device count: a whole number, optionally with a decimal suffix (`8`, `1k`). Anything else

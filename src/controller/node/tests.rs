@@ -85,7 +85,7 @@ fn history(degraded: Option<i64>, healthy: Option<i64>) -> NodeHistory {
     NodeHistory {
         degraded_since: degraded.map(at),
         healthy_since: healthy.map(at),
-        assumed_tainted: false,
+        ..NodeHistory::default()
     }
 }
 
@@ -354,15 +354,13 @@ fn decisions_over_time_with_hysteresis() {
             None,
         ),
         (
-            "missing fields on a node gpu-guard tainted count as healthy",
+            "allocatable gone from a node gpu-guard tainted: its plugin is down, still tainted",
             ours(node(Some("8"), None)),
             history(None, None),
             0,
-            Recovering {
-                untaint_at: at(600),
-            },
-            None,
+            Tainted,
             Some(0),
+            None,
         ),
     ];
     for (name, node, before, now, decision, degraded_since, healthy_since) in table {
@@ -721,4 +719,275 @@ fn a_node_whose_dra_gpus_are_tainted_is_judged_like_a_device_plugin_node() {
     // Without DRA devices the same node is not a GPU node.
     let plain = node_verdict(&cpu_node, &policy, at(0), &NodeHistory::default());
     assert_eq!(plain.decision, TaintDecision::NotJudged);
+}
+
+fn seen(resources: &[(&str, u64)]) -> NodeHistory {
+    NodeHistory {
+        seen: resources
+            .iter()
+            .map(|(resource, count)| ((*resource).to_owned(), *count))
+            .collect(),
+        ..NodeHistory::default()
+    }
+}
+
+/// (name, node, DRA counts, history, now, decision, plugin down, what the Event says)
+type PluginRow = (
+    &'static str,
+    Node,
+    Vec<DeviceCount>,
+    NodeHistory,
+    i64,
+    TaintDecision,
+    &'static [&'static str],
+    &'static str,
+);
+
+#[test]
+fn a_node_whose_device_plugin_is_gone_is_never_healthy() {
+    use TaintDecision::*;
+    let mut policy = policy();
+    // A threshold two devices could never reach: plugin down degrades whatever it is.
+    policy.controller.node_health.unusable_devices.count = Some(4);
+    let gpus = [("nvidia.com/gpu", 8)];
+    let tainted_since = |mut history: NodeHistory| {
+        history.degraded_since = Some(at(0));
+        history
+    };
+    let dra = |capacity, allocatable| DeviceCount {
+        resource: "dra/gpu.nvidia.com".to_owned(),
+        capacity,
+        allocatable,
+    };
+    let stale = annotated(
+        node(Some("0"), Some("0")),
+        "2027-01-15T08:00:00Z;nvidia.com_gpu:NoSchedule",
+    );
+    let table: Vec<PluginRow> = vec![
+        (
+            "allocatable 0 of 2: plugin down, degraded below the count threshold",
+            node(Some("2"), Some("0")),
+            vec![],
+            NodeHistory::default(),
+            0,
+            Degrading { taint_at: at(120) },
+            &["nvidia.com/gpu"],
+            "nvidia.com/gpu device plugin down (2 seen, none allocatable)",
+        ),
+        (
+            "capacity dropped to 0 after 8 were seen",
+            node(Some("0"), Some("0")),
+            vec![],
+            seen(&gpus),
+            0,
+            Degrading { taint_at: at(120) },
+            &["nvidia.com/gpu"],
+            "nvidia.com/gpu device plugin down (8 seen, none allocatable)",
+        ),
+        (
+            "the resource vanished from capacity and allocatable",
+            node(None, None),
+            vec![],
+            seen(&gpus),
+            0,
+            Degrading { taint_at: at(120) },
+            &["nvidia.com/gpu"],
+            "nvidia.com/gpu device plugin down (8 seen, none allocatable)",
+        ),
+        (
+            "allocatable gone, capacity kept",
+            node(Some("8"), None),
+            vec![],
+            seen(&gpus),
+            0,
+            Degrading { taint_at: at(120) },
+            &["nvidia.com/gpu"],
+            "nvidia.com/gpu device plugin down (8 seen, none allocatable)",
+        ),
+        (
+            "tainted, plugin gone: stays tainted (no untaint, plugin back, taint again loop)",
+            ours(node(Some("0"), Some("0"))),
+            vec![],
+            tainted_since(seen(&gpus)),
+            5000,
+            Tainted,
+            &["nvidia.com/gpu"],
+            "nvidia.com/gpu device plugin down (8 seen, none allocatable)",
+        ),
+        (
+            "after a restart, a tainted node whose capacity is 0 stays tainted",
+            ours(node(Some("0"), Some("0"))),
+            vec![],
+            NodeHistory::default(),
+            5000,
+            Tainted,
+            &["nvidia.com/gpu"],
+            "nvidia.com/gpu device plugin down (gone from the node)",
+        ),
+        (
+            "after a restart, a tainted node without the resource at all stays tainted",
+            ours(node(None, None)),
+            vec![],
+            NodeHistory::default(),
+            5000,
+            Tainted,
+            &["nvidia.com_gpu"],
+            "nvidia.com_gpu device plugin down (gone from the node)",
+        ),
+        (
+            "never seen with devices: not a GPU node",
+            node(Some("0"), Some("0")),
+            vec![],
+            NodeHistory::default(),
+            0,
+            NotJudged,
+            &[],
+            "",
+        ),
+        (
+            "the plugin is back: healthy",
+            node(Some("8"), Some("8")),
+            vec![],
+            seen(&gpus),
+            0,
+            Healthy,
+            &[],
+            "",
+        ),
+        (
+            "someone removed gpu-guard's taint by hand: the vanished resource is forgotten",
+            stale,
+            vec![],
+            seen(&gpus),
+            0,
+            NotJudged,
+            &[],
+            "",
+        ),
+        (
+            "a DRA driver that taints all its GPUs is running: degraded, not plugin down",
+            node(None, None),
+            vec![dra(8, 0)],
+            NodeHistory::default(),
+            0,
+            Degrading { taint_at: at(120) },
+            &[],
+            "8 of 8 dra/gpu.nvidia.com unusable (allocatable 0)",
+        ),
+        (
+            "a DRA driver whose slices vanished after they were seen: plugin down",
+            node(None, None),
+            vec![],
+            seen(&[("dra/gpu.nvidia.com", 8)]),
+            0,
+            Degrading { taint_at: at(120) },
+            &["dra/gpu.nvidia.com"],
+            "dra/gpu.nvidia.com device plugin down (8 seen, none allocatable)",
+        ),
+    ];
+    for (name, node, dra, history, now, decision, down, described) in table {
+        let verdict = node_verdict_with(&node, dra, &policy, at(now), &history);
+        assert_eq!(verdict.decision, decision, "{name}");
+        assert_eq!(verdict.plugin_down, down, "{name}");
+        assert_eq!(verdict.describe_degraded(), described, "{name}");
+        assert_eq!(verdict.is_gpu_node(), decision != NotJudged, "{name}");
+    }
+}
+
+#[test]
+fn after_a_restart_the_tainted_resource_is_found_by_its_taint_value() {
+    // A node gpu-guard tainted for its DRA GPUs, which are still there (one tainted by the
+    // driver): not plugin down, still tainted for the degradation.
+    let dra_tainted = with_taint(
+        node(None, None),
+        degraded_taint("dra/gpu.nvidia.com", false),
+        true,
+    );
+    let dra = vec![DeviceCount {
+        resource: "dra/gpu.nvidia.com".to_owned(),
+        capacity: 8,
+        allocatable: 7,
+    }];
+    let verdict = node_verdict_with(
+        &dra_tainted,
+        dra,
+        &policy(),
+        at(10),
+        &NodeHistory::default(),
+    );
+    assert_eq!(verdict.decision, TaintDecision::Tainted);
+    assert!(verdict.plugin_down.is_empty(), "{verdict:?}");
+    assert_eq!(
+        verdict.history.seen,
+        seen(&[("dra/gpu.nvidia.com", 8)]).seen
+    );
+
+    // Tainted while the resource was gone from the node altogether: remembered by its taint
+    // value; when the plugin is back the alias is forgotten and the node recovers.
+    let gone = ours(node(None, None));
+    let first = node_verdict(&gone, &policy(), at(10), &NodeHistory::default());
+    assert_eq!(first.plugin_down, ["nvidia.com_gpu"]);
+    let back = ours(node(Some("8"), Some("8")));
+    let second = node_verdict(&back, &policy(), at(20), &first.history);
+    assert!(second.plugin_down.is_empty());
+    assert_eq!(
+        second.decision,
+        TaintDecision::Recovering {
+            untaint_at: at(620)
+        }
+    );
+    assert_eq!(second.history.seen, seen(&[("nvidia.com/gpu", 8)]).seen);
+}
+
+#[test]
+fn the_devices_seen_are_remembered_at_their_most() {
+    let first = node_verdict(
+        &node(Some("8"), Some("8")),
+        &policy(),
+        at(0),
+        &NodeHistory::default(),
+    );
+    assert_eq!(first.history.seen, seen(&[("nvidia.com/gpu", 8)]).seen);
+    // Fewer devices later (capacity 6): the most seen stays 8.
+    let second = node_verdict(
+        &node(Some("6"), Some("6")),
+        &policy(),
+        at(1),
+        &first.history,
+    );
+    assert_eq!(second.history.seen, seen(&[("nvidia.com/gpu", 8)]).seen);
+    // Gone: still remembered, so the next pass judges it plugin down too.
+    let third = node_verdict(&node(None, None), &policy(), at(2), &second.history);
+    assert_eq!(third.history.seen, seen(&[("nvidia.com/gpu", 8)]).seen);
+    assert_eq!(third.plugin_down, ["nvidia.com/gpu"]);
+}
+
+#[test]
+fn a_cluster_whose_gpus_only_dra_serves_is_reported_when_nothing_is_judged() {
+    let policy = Policy::embedded();
+    let slices = [
+        slice("n1", "gpu.example.com", 1, 8, &[]),
+        slice("n2", "gpu.example.com", 1, 8, &[]),
+        slice("n2", "net.example.com", 1, 2, &[]),
+    ];
+    assert_eq!(
+        unjudged_dra_hint(0, &slices, &policy).as_deref(),
+        Some(
+            "no node is judged (no device resource in any node's capacity), but nodes publish \
+             DRA ResourceSlices: gpu.example.com (2 nodes, not in devices.drivers), \
+             net.example.com (1 nodes, not in devices.drivers). DRA GPUs are judged only for \
+             the drivers listed in the policy's devices.drivers: add a GPU driver there to have \
+             its nodes judged"
+        )
+    );
+    // Some node judged, or no slice: nothing to say.
+    assert_eq!(unjudged_dra_hint(1, &slices, &policy), None);
+    assert_eq!(unjudged_dra_hint(0, &[], &policy), None);
+    // A listed driver whose slices publish no device.
+    let empty = [slice("n1", "gpu.nvidia.com", 1, 0, &[])];
+    assert!(
+        unjudged_dra_hint(0, &empty, &policy)
+            .unwrap()
+            .contains("gpu.nvidia.com (1 nodes, in devices.drivers, no device)")
+    );
 }

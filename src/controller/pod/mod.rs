@@ -33,7 +33,8 @@ pub enum Cause {
     /// The kubelet reports a device allocated to a container `Unhealthy`.
     UnhealthyDevice {
         container: String,
-        /// The resource (`nvidia.com/gpu`) or DRA claim (`claim:name/request`).
+        /// The resource (`nvidia.com/gpu`) or DRA claim (`claim:name/request`, or
+        /// `claim:name` for a claim reference without a request).
         resource: String,
         device_ids: Vec<String>,
     },
@@ -130,15 +131,49 @@ pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -
     }
 }
 
-/// Whether the pod has a controller ownerReference that is not a DaemonSet: something that
-/// recreates it, on another node.
+/// Whether the pod has a controller ownerReference that is not a DaemonSet nor a Node:
+/// something that recreates it, on another node. A mirror pod (the API server's copy of a
+/// static pod: the annotation `kubernetes.io/config.mirror`, and a Node as its controller
+/// owner) is never recreated elsewhere: evicting it only deletes the mirror, which the kubelet
+/// creates again.
 pub fn recreated_elsewhere(pod: &Pod) -> bool {
-    pod.metadata
-        .owner_references
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|annotations| annotations.contains_key(MIRROR_ANNOTATION));
+    !mirror
+        && pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|owner| owner.controller == Some(true))
+            .is_some_and(|owner| !matches!(owner.kind.as_str(), "DaemonSet" | "Node"))
+}
+
+/// The annotation the kubelet puts on the mirror pod of a static pod (k8s.io/api `core/v1`,
+/// `MirrorPodAnnotationKey`).
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Whether a device the kubelet reports for a DRA claim is one of the policy's: its resource ID
+/// names a driver of `devices.drivers`. The kubelet identifies a DRA device by the first CDI
+/// device ID its driver returned for it (`<vendor>/<class>=<name>`), or else by
+/// `<driver>/<pool>/<device>` (kubernetes `pkg/kubelet/cm/dra/manager.go`,
+/// `buildResourceHealth`, as `test/e2e/dra` reads it); drivers conventionally name their CDI
+/// vendor `k8s.<driver>` (NVIDIA/k8s-dra-driver-gpu `cdiVendor = "k8s." + DriverName`). So an
+/// unhealthy NIC claimed through DRA does not mark a pod, and a device whose ID names no known
+/// driver is not counted (never guessed to be a GPU).
+pub fn is_policy_dra_device(resource_id: &str, policy: &Policy) -> bool {
+    let Some((head, _)) = resource_id.split_once('/') else {
+        return false;
+    };
+    let driver = head.strip_prefix("k8s.").unwrap_or(head);
+    policy
+        .devices
+        .drivers
         .iter()
-        .flatten()
-        .find(|owner| owner.controller == Some(true))
-        .is_some_and(|owner| owner.kind != "DaemonSet")
+        .any(|known| known == head || known == driver)
 }
 
 /// Whether one of the pod's tolerations tolerates `taint` (as the scheduler matches them: an
@@ -201,7 +236,11 @@ pub fn device_resources(pod: &Pod, policy: &Policy) -> BTreeSet<String> {
 }
 
 /// The first device reported unhealthy in the container and init container statuses: a
-/// configured device resource, or a DRA claim (`claim:...`).
+/// configured device resource, or a device of a policy driver in a DRA claim. The kubelet names
+/// a claim's entry `claim:<claim>/<request>`, or `claim:<claim>` when the container's claim
+/// reference names no request (kubernetes `test/e2e/dra`, the health test: "the name of the
+/// claim as declared in the container, including the request name if one was set there"):
+/// both count.
 fn unhealthy_device(pod: &Pod, policy: &Policy) -> Option<Cause> {
     let status = pod.status.as_ref()?;
     let statuses: Vec<&ContainerStatus> = status
@@ -220,11 +259,13 @@ fn unhealthy_device(pod: &Pod, policy: &Policy) -> Option<Cause> {
                     || resource.name.starts_with("claim:")
             })
             .find_map(|resource| {
+                let claimed = resource.name.starts_with("claim:");
                 let device_ids: Vec<String> = resource
                     .resources
                     .iter()
                     .flatten()
                     .filter(|device| device.health.as_deref() == Some("Unhealthy"))
+                    .filter(|device| !claimed || is_policy_dra_device(&device.resource_id, policy))
                     .map(|device| device.resource_id.clone())
                     .collect();
                 (!device_ids.is_empty()).then(|| Cause::UnhealthyDevice {

@@ -286,7 +286,7 @@ fn verdicts() {
             health(
                 pod(gpu, "Running"),
                 "claim:gpu/req-0",
-                &[("gpu-0", "Unhealthy")],
+                &[("gpu.nvidia.com/pool-a/gpu-0", "Unhealthy")],
             ),
             None,
             true,
@@ -295,7 +295,7 @@ fn verdicts() {
                 Cause::UnhealthyDevice {
                     container: "trainer".to_owned(),
                     resource: "claim:gpu/req-0".to_owned(),
-                    device_ids: vec!["gpu-0".to_owned()],
+                    device_ids: vec!["gpu.nvidia.com/pool-a/gpu-0".to_owned()],
                 },
                 true,
                 false,
@@ -360,7 +360,7 @@ fn a_dra_only_pod_reported_unhealthy_is_marked_and_evicted() {
     let dra = health(
         pod(None, "Running"),
         "claim:gpu-claim/gpu",
-        &[("gpu-0", "Unhealthy")],
+        &[("gpu.nvidia.com/pool-a/gpu-0", "Unhealthy")],
     );
     let mut policy = Policy::default();
     policy.controller.pods.evict_pods = true;
@@ -370,7 +370,7 @@ fn a_dra_only_pod_reported_unhealthy_is_marked_and_evicted() {
             Cause::UnhealthyDevice {
                 container: "trainer".to_owned(),
                 resource: "claim:gpu-claim/gpu".to_owned(),
-                device_ids: vec!["gpu-0".to_owned()],
+                device_ids: vec!["gpu.nvidia.com/pool-a/gpu-0".to_owned()],
             },
             true,
             true
@@ -380,7 +380,7 @@ fn a_dra_only_pod_reported_unhealthy_is_marked_and_evicted() {
     let fine = health(
         pod(None, "Running"),
         "claim:gpu-claim/gpu",
-        &[("gpu-0", "Healthy")],
+        &[("gpu.nvidia.com/pool-a/gpu-0", "Healthy")],
     );
     assert_eq!(
         pod_verdict(&fine, Some(&degraded("nvidia.com/gpu")), &policy),
@@ -419,6 +419,19 @@ fn pods_nothing_recreates_elsewhere_or_that_tolerate_the_taint_are_marked_not_ev
     // A DaemonSet's pod comes back on the same node.
     assert_eq!(
         on_node(&|pod| pod.metadata.owner_references = Some(vec![owner("DaemonSet")])),
+        act(node_degraded(), true, false)
+    );
+    // A mirror pod of a static pod: a Node controls it, the kubelet recreates it in place.
+    assert_eq!(
+        on_node(&|pod| pod.metadata.owner_references = Some(vec![owner("Node")])),
+        act(node_degraded(), true, false)
+    );
+    // Its annotation alone is enough (whatever owner it names).
+    assert_eq!(
+        on_node(&|pod| {
+            pod.metadata.annotations =
+                Some([(MIRROR_ANNOTATION.to_owned(), "5e1f…".to_owned())].into());
+        }),
         act(node_degraded(), true, false)
     );
     let mut bare = sick();
@@ -489,5 +502,81 @@ fn pods_nothing_recreates_elsewhere_or_that_tolerate_the_taint_are_marked_not_ev
     assert_eq!(
         pod_verdict(&sick_tolerating, Some(&tainted), &policy),
         act(unhealthy(&["GPU-b"]), true, true)
+    );
+}
+
+#[test]
+fn only_the_policys_dra_devices_count_and_a_claim_without_a_request_is_read() {
+    let mut policy = Policy::default();
+    policy.controller.pods.evict_pods = true;
+    let dra_pod = |entry: &str, id: &str| health(pod(None, "Running"), entry, &[(id, "Unhealthy")]);
+    let hit = |entry: &str, id: &str| {
+        act(
+            Cause::UnhealthyDevice {
+                container: "trainer".to_owned(),
+                resource: entry.to_owned(),
+                device_ids: vec![id.to_owned()],
+            },
+            true,
+            true,
+        )
+    };
+    // (name, allocatedResourcesStatus entry, resource ID, counted)
+    let table = [
+        (
+            "the kubelet's fallback ID <driver>/<pool>/<device>",
+            "claim:gpu/req-0",
+            "gpu.nvidia.com/node-1/gpu-3",
+            true,
+        ),
+        (
+            "NVIDIA's CDI ID: vendor k8s.<driver>",
+            "claim:gpu/req-0",
+            "k8s.gpu.nvidia.com/device=gpu-3",
+            true,
+        ),
+        (
+            "a claim reference without a request: claim:<name>",
+            "claim:gpu",
+            "gpu.amd.com/node-1/gpu-0",
+            true,
+        ),
+        (
+            "an unhealthy NIC claimed through DRA",
+            "claim:net/nic",
+            "k8s.sriov.example.com/vf=eth1",
+            false,
+        ),
+        (
+            "an ID that names no driver is never guessed to be a GPU",
+            "claim:gpu",
+            "gpu-0",
+            false,
+        ),
+    ];
+    for (name, entry, id, counted) in table {
+        let expected = if counted {
+            hit(entry, id)
+        } else {
+            Action::Nothing
+        };
+        assert_eq!(
+            pod_verdict(&dra_pod(entry, id), None, &policy),
+            expected,
+            "{name}"
+        );
+    }
+    // A NIC and a GPU in the same claim: only the GPU is named.
+    let mixed = health(
+        pod(None, "Running"),
+        "claim:all",
+        &[
+            ("k8s.sriov.example.com/vf=eth1", "Unhealthy"),
+            ("gpu.nvidia.com/node-1/gpu-3", "Unhealthy"),
+        ],
+    );
+    assert_eq!(
+        pod_verdict(&mixed, None, &policy),
+        hit("claim:all", "gpu.nvidia.com/node-1/gpu-3")
     );
 }

@@ -209,7 +209,8 @@ fn keep_node_taints_devices_and_owner(node: &mut Node) {
     };
 }
 
-/// Keeps what pod decisions read: identity, deletion, owner references, node, tolerations,
+/// Keeps what pod decisions read: identity, deletion, owner references, the mirror-pod
+/// annotation (no other), node, tolerations,
 /// containers' resources, phase, conditions and container statuses (allocatedResourcesStatus).
 fn slim_pod(pod: &mut Pod) {
     let full = std::mem::take(pod);
@@ -230,6 +231,11 @@ fn slim_pod(pod: &mut Pod) {
             uid: full.metadata.uid,
             deletion_timestamp: full.metadata.deletion_timestamp,
             owner_references: full.metadata.owner_references,
+            // Only the mirror-pod annotation: a mirror pod is never evicted.
+            annotations: full.metadata.annotations.and_then(|mut annotations| {
+                let mirror = annotations.remove_entry(crate::controller::pod::MIRROR_ANNOTATION)?;
+                Some([mirror].into())
+            }),
             ..ObjectMeta::default()
         },
         spec: full.spec.map(|spec| PodSpec {

@@ -11,8 +11,10 @@
 //! - [`events`]: Event reasons and publishing.
 //!
 //! A pass reads the caches only; it calls the API server only to change something (or to read
-//! a node again after a conflict). In a dry run it changes nothing: Events, logs and metrics
-//! say what it would have done.
+//! a node again after a conflict). In a dry run it changes nothing: its node patches, pod
+//! status patches and evictions are sent with `dryRun=All` (so RBAC, admission and
+//! PodDisruptionBudgets are exercised, and nothing is stored); Events, logs and metrics say
+//! what it would have done.
 
 pub mod caches;
 pub mod events;
@@ -123,6 +125,8 @@ pub struct Reconciler {
     /// Pods (by uid) whose eviction a PodDisruptionBudget refused: each waits on its own.
     backoff: HashMap<String, Backoff>,
     bucket: TokenBucket,
+    /// The first pass has said whether DRA-only GPU nodes go unjudged (once per process).
+    dra_hint_logged: bool,
 }
 
 impl Reconciler {
@@ -157,6 +161,7 @@ impl Reconciler {
             evicted: HashSet::new(),
             backoff: HashMap::new(),
             bucket,
+            dra_hint_logged: false,
         })
     }
 
@@ -184,6 +189,17 @@ impl Reconciler {
 
     fn dry_run(&self) -> bool {
         self.policy.controller.dry_run
+    }
+
+    /// The parameters of every patch: `dryRun=All` in a dry run, so the API server runs RBAC,
+    /// admission and validation on it and stores nothing.
+    fn patch_params(&self) -> kube::api::PatchParams {
+        let params = kube::api::PatchParams::default();
+        if self.dry_run() {
+            params.dry_run()
+        } else {
+            params
+        }
     }
 
     /// Ok when this replica may write now; otherwise [`WriteError::NotLeading`].

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
@@ -72,6 +72,14 @@ impl Reconciler {
         self.valve_reported.retain(|name| present.contains(name));
 
         let gpu_nodes = verdicts.iter().filter(|(_, v)| v.is_gpu_node()).count();
+        if !self.dra_hint_logged {
+            self.dra_hint_logged = true;
+            if let Some(hint) =
+                node::unjudged_dra_hint(gpu_nodes, slices.iter().map(AsRef::as_ref), &self.policy)
+            {
+                tracing::warn!("{hint}");
+            }
+        }
         let mut tainted = verdicts
             .iter()
             .filter(|(node, verdict)| {
@@ -131,12 +139,12 @@ impl Reconciler {
                     match self.settle(Write::Untaint(&name), removed, report)? {
                         Some(false) => {
                             holds_taint = false;
-                            verdict.history = NodeHistory::default();
+                            verdict.history = forget_episode(verdict.history);
                         }
                         Some(true) => {
                             tainted = tainted.saturating_sub(1);
                             holds_taint = false;
-                            verdict.history = NodeHistory::default();
+                            verdict.history = forget_episode(verdict.history);
                             self.metrics.taints_removed.inc();
                             report.untainted.push(name.clone());
                         }
@@ -195,16 +203,14 @@ impl Reconciler {
     /// only the annotation, so a later taint with the same key is not taken for gpu-guard's.
     async fn clear_stale_annotation(&self, node: &Node) -> Result<(), WriteError> {
         let name = node.metadata.name.clone().unwrap_or_default();
-        if self.dry_run() {
-            tracing::info!(node = %name, "dry run: would remove the stale owner annotation {}", DEGRADED_OWNER_ANNOTATION);
-            return Ok(());
-        }
         let patched = self
             .patch_node(node, |current| {
                 node::stale_annotation(current).then(|| node::clear_annotation_patch(current))
             })
             .await?;
-        if patched {
+        if patched && self.dry_run() {
+            tracing::info!(node = %name, "dry run: would remove the stale owner annotation {} (sent with dryRun=All)", DEGRADED_OWNER_ANNOTATION);
+        } else if patched {
             tracing::info!(node = %name, "gpu-guard's taint was removed by someone else; removed its stale owner annotation {}", DEGRADED_OWNER_ANNOTATION);
         }
         Ok(())
@@ -222,7 +228,10 @@ impl Reconciler {
             return Ok(false);
         };
         let health = &self.policy.controller.node_health;
-        let taint = node::degraded_taint(&first.resource, health.no_execute);
+        // NoExecute would evict the device plugin's own pod (and the DCGM exporter's) unless
+        // they tolerate the taint: while the plugin is down, nothing would bring it back.
+        let no_execute = health.no_execute && !verdict.is_plugin_down();
+        let taint = node::degraded_taint(&first.resource, no_execute);
         let since = verdict.history.degraded_since.unwrap_or(now);
         let rendered = format!(
             "{}={}:{}",
@@ -230,26 +239,34 @@ impl Reconciler {
             taint.value.as_deref().unwrap_or_default(),
             taint.effect
         );
+        let fallback = if health.no_execute && !no_execute {
+            "; NoSchedule, not NoExecute: the device plugin is down, and NoExecute would evict \
+             the DaemonSet pods that bring it back"
+        } else {
+            ""
+        };
         let seen = format!(
-            "{} since {since} (threshold held {} s)",
+            "{} since {since} (threshold held {} s){fallback}",
             verdict.describe_degraded(),
             now.duration_since(since).as_secs()
         );
+        // In a dry run too: sent with dryRun=All, so RBAC, admission and the resourceVersion
+        // precondition are exercised, and nothing is stored.
+        let patched = self
+            .patch_node(node, |current| {
+                (node::ownership(current) == Ownership::None)
+                    .then(|| node::add_taint_patch(current, &taint, now))
+            })
+            .await?;
+        if !patched {
+            tracing::info!(node = %name, "the node carries a {DEGRADED_TAINT_KEY} taint already; not tainted again");
+            return Ok(false);
+        }
         let note = if self.dry_run() {
             let note = format!("dry run: would taint {rendered}: {seen}");
             tracing::info!(node = %name, "{note}");
             note
         } else {
-            let patched = self
-                .patch_node(node, |current| {
-                    (node::ownership(current) == Ownership::None)
-                        .then(|| node::add_taint_patch(current, &taint, now))
-                })
-                .await?;
-            if !patched {
-                tracing::info!(node = %name, "the node carries a {DEGRADED_TAINT_KEY} taint already; not tainted again");
-                return Ok(false);
-            }
             let note = format!("tainted {rendered}: {seen}");
             tracing::warn!(node = %name, "{note}");
             note
@@ -272,7 +289,8 @@ impl Reconciler {
             .history
             .healthy_since
             .map_or_else(String::new, |since| format!(" since {since}"));
-        let note = if self.dry_run() {
+        let note = if self.dry_run() && node::ownership(node) != Ownership::Ours {
+            // The taint was only assumed (a dry run added none): nothing to send.
             format!("dry run: would remove the {DEGRADED_TAINT_KEY} taint: devices healthy{since}")
         } else {
             let patched = self
@@ -285,7 +303,12 @@ impl Reconciler {
                 tracing::info!(node = %name, "gpu-guard's taint is gone already");
                 return Ok(false);
             }
-            format!("removed the {DEGRADED_TAINT_KEY} taint: devices healthy{since}")
+            let done = if self.dry_run() {
+                "dry run: would remove"
+            } else {
+                "removed"
+            };
+            format!("{done} the {DEGRADED_TAINT_KEY} taint: devices healthy{since}")
         };
         tracing::info!(node = %name, "{note}");
         self.event(
@@ -299,7 +322,8 @@ impl Reconciler {
         Ok(true)
     }
 
-    /// Sends the patch `build` makes from the node, with its resourceVersion; on a conflict,
+    /// Sends the patch `build` makes from the node (in a dry run with `dryRun=All`: the API
+    /// server checks it and stores nothing), with its resourceVersion; on a conflict,
     /// reads the node again and rebuilds the patch (`None`: nothing to do any more).
     /// `Ok(false)`: the node no longer needs the change (someone else made it meanwhile).
     async fn patch_node(
@@ -317,7 +341,7 @@ impl Reconciler {
             };
             self.ensure_leading()?;
             match api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(&name, &self.patch_params(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => return Ok(true),
@@ -331,5 +355,14 @@ impl Reconciler {
                 Err(error) => return Err(error.into()),
             }
         }
+    }
+}
+
+/// The history of a node whose taint is gone: a new episode starts, but the device resources
+/// seen on it are remembered (a plugin that vanishes later is still "plugin down").
+fn forget_episode(history: NodeHistory) -> NodeHistory {
+    NodeHistory {
+        seen: history.seen,
+        ..NodeHistory::default()
     }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PostParams};
 use kube::runtime::events::EventType;
 
 use super::events::{REASON_EVICTED, REASON_MARKED, pod_ref};
@@ -102,18 +102,25 @@ impl Reconciler {
                     // The eviction did not happen: the token goes back.
                     .inspect_err(|_| self.bucket.refund())?;
                 match evicted {
-                    Some(true) => {
+                    Some(Evicted::Yes) => {
                         self.backoff.remove(&uid);
                         self.evicted.insert(uid);
                         self.metrics.pods_evicted.inc();
                         report.evicted.push(id);
                     }
-                    Some(false) => {
+                    Some(Evicted::BudgetRefused) => {
                         // Refused (a PodDisruptionBudget): the token goes back to the other
                         // pods, and this one waits, longer after each refusal.
                         self.bucket.refund();
                         let backoff = Backoff::after_refusal(self.backoff.get(&uid), now);
                         self.backoff.insert(uid, backoff);
+                        self.metrics.evictions_deferred.inc();
+                        report.evictions_deferred.push(id);
+                    }
+                    Some(Evicted::Throttled) => {
+                        // The API server is busy, not the budget: the token goes back and
+                        // the pod is tried again on the next pass, with no backoff of its own.
+                        self.bucket.refund();
                         self.metrics.evictions_deferred.inc();
                         report.evictions_deferred.push(id);
                     }
@@ -130,17 +137,18 @@ impl Reconciler {
         self.ensure_leading()?;
         let (namespace, name) = pod_names(pod);
         let note = cause.message();
+        // In a dry run too, with dryRun=All: checked by the API server, not stored.
+        let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
+        api.patch_status(
+            &name,
+            &self.patch_params(),
+            &Patch::Strategic(pod::condition_patch(cause, now)),
+        )
+        .await?;
         if self.dry_run() {
             tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
                 "dry run: would add the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
         } else {
-            let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
-            api.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Strategic(pod::condition_patch(cause, now)),
-            )
-            .await?;
             tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
                 "added the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
         }
@@ -160,14 +168,13 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Evicts the pod. `Ok(false)`: refused for now (429: a PodDisruptionBudget).
-    async fn evict(&self, pod: &Pod, cause: &Cause) -> Result<bool, WriteError> {
+    /// Evicts the pod, or says why it was not: a 429 answer is a PodDisruptionBudget's refusal
+    /// or the API server's throttling ([`eviction_refusal`]).
+    async fn evict(&self, pod: &Pod, cause: &Cause) -> Result<Evicted, WriteError> {
         self.ensure_leading()?;
         let (namespace, name) = pod_names(pod);
         let id = format!("{namespace}/{name}");
-        let note = if self.dry_run() {
-            format!("dry run: would evict: {}", cause.message())
-        } else {
+        let note = {
             let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
             let eviction = Eviction {
                 metadata: ObjectMeta {
@@ -177,23 +184,33 @@ impl Reconciler {
                 },
                 delete_options: None,
             };
+            // In a dry run too, with dryRun=All: the API server checks the
+            // PodDisruptionBudgets and deletes nothing.
+            let params = PostParams {
+                dry_run: self.dry_run(),
+                ..PostParams::default()
+            };
             match api
                 .create_subresource::<Eviction, kube::core::Status>(
-                    "eviction",
-                    &name,
-                    &PostParams::default(),
-                    &eviction,
+                    "eviction", &name, &params, &eviction,
                 )
                 .await
             {
+                Ok(_) if self.dry_run() => format!("dry run: would evict: {}", cause.message()),
                 Ok(_) => format!(
                     "evicted so its Job recreates it on a healthy node: {}",
                     cause.message()
                 ),
                 Err(kube::Error::Api(status)) if status.code == 429 => {
-                    tracing::info!(pod = %id, message = %status.message,
-                        "eviction refused for now (a PodDisruptionBudget); retrying on a later pass");
-                    return Ok(false);
+                    let refusal = eviction_refusal(&status);
+                    if refusal == Evicted::BudgetRefused {
+                        tracing::info!(pod = %id, message = %status.message,
+                            "eviction refused for now by a PodDisruptionBudget; retrying after a backoff");
+                    } else {
+                        tracing::info!(pod = %id, message = %status.message,
+                            "eviction throttled by the API server (429 without a disruption budget cause); retrying on the next pass");
+                    }
+                    return Ok(refusal);
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -207,7 +224,39 @@ impl Reconciler {
             note,
         )
         .await;
-        Ok(true)
+        Ok(Evicted::Yes)
+    }
+}
+
+/// What became of an eviction that reached the API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Evicted {
+    Yes,
+    /// A PodDisruptionBudget refused it (429 with a `DisruptionBudget` cause): the pod backs
+    /// off on its own.
+    BudgetRefused,
+    /// The API server throttled the request (a 429 without that cause: API Priority and
+    /// Fairness, max-in-flight): tried again on the next pass.
+    Throttled,
+}
+
+/// What a 429 answer to an eviction means. The eviction subresource refuses for a
+/// PodDisruptionBudget with `NewTooManyRequests` and a cause of type `DisruptionBudget`
+/// (`policyv1.DisruptionBudgetCause`; a cause's type is `reason` in JSON), both when the budget
+/// allows no disruption and while the budget is still being processed (kubernetes
+/// `pkg/registry/core/pod/storage/eviction.go`, `checkAndDecrement` and
+/// `createTooManyRequestsError`). Any other 429 (API Priority and Fairness, which sends no such
+/// cause) is throttling.
+fn eviction_refusal(status: &kube::core::Status) -> Evicted {
+    let budget = status
+        .details
+        .iter()
+        .flat_map(|details| &details.causes)
+        .any(|cause| cause.reason == "DisruptionBudget");
+    if budget {
+        Evicted::BudgetRefused
+    } else {
+        Evicted::Throttled
     }
 }
 
@@ -216,4 +265,42 @@ fn pod_names(pod: &Pod) -> (String, String) {
         pod.metadata.namespace.clone().unwrap_or_default(),
         pod.metadata.name.clone().unwrap_or_default(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(body: serde_json::Value) -> kube::core::Status {
+        serde_json::from_value(body).expect("a Status")
+    }
+
+    #[test]
+    fn a_429_is_a_budget_refusal_only_when_its_status_says_so() {
+        let budget = answer(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+            "reason": "TooManyRequests",
+            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            "details": {"causes": [{"reason": "DisruptionBudget",
+                "message": "The disruption budget train needs 4 healthy pods and has 4 currently"}]},
+        }));
+        assert_eq!(eviction_refusal(&budget), Evicted::BudgetRefused);
+        let processing = answer(serde_json::json!({
+            "code": 429, "reason": "TooManyRequests",
+            "details": {"retryAfterSeconds": 10, "causes": [{"reason": "DisruptionBudget",
+                "message": "The disruption budget train is still being processed by the server."}]},
+        }));
+        assert_eq!(eviction_refusal(&processing), Evicted::BudgetRefused);
+        // API Priority and Fairness: no such cause.
+        let throttled = answer(serde_json::json!({
+            "code": 429, "reason": "TooManyRequests",
+            "message": "Too many requests, please try again later.",
+            "details": {"retryAfterSeconds": 1},
+        }));
+        assert_eq!(eviction_refusal(&throttled), Evicted::Throttled);
+        // A body that is not a Status (kube reconstructs one): throttling too.
+        let plain = kube::core::Status::failure("Too many requests", "Failed to parse error data")
+            .with_code(429);
+        assert_eq!(eviction_refusal(&plain), Evicted::Throttled);
+    }
 }

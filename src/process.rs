@@ -26,8 +26,10 @@ pub enum LogFormat {
     Text,
 }
 
-/// Log lines queued for the writer thread before new ones are dropped: about 4 MB of lines.
-const LOG_QUEUE_LINES: usize = 16_384;
+/// Log lines queued for the writer thread before new ones are dropped: a second of requests at
+/// 2,000 a second, about 1 MB of lines at most; the queue's slots (allocated up front) stay
+/// small beside the server's footprint.
+const LOG_QUEUE_LINES: usize = 2_048;
 
 /// The writer thread's count of lines dropped while its queue was full.
 static DROPPED_LOG_LINES: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =

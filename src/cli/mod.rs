@@ -286,18 +286,13 @@ pub fn run_with(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
 /// The JSON document `-o json` prints when a command fails before it has any result: an
 /// empty `List` for `mutate`, the report with only the error for `check`.
 fn empty_json_output(command: &Command, message: &str) -> Option<String> {
-    let value = match command {
-        Command::Mutate(args) if args.output == Format::Json => {
-            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": []})
+    match command {
+        Command::Mutate(args) if args.output == Format::Json => Some(failed_json(false, message)),
+        Command::Check(args) if args.output == CheckFormat::Json => {
+            Some(failed_json(true, message))
         }
-        Command::Check(args) if args.output == CheckFormat::Json => serde_json::json!({
-            "findings": [], "errors": [message], "warnings": [], "denied": false, "summary": {}
-        }),
-        _ => return None,
-    };
-    let mut text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
-    text.push('\n');
-    Some(text)
+        _ => None,
+    }
 }
 
 /// For a command line the parser refuses: the JSON document `-o json` promises, when the
@@ -318,18 +313,29 @@ pub fn usage_error_json(args: &[OsString], message: &str) -> Option<String> {
     if !json {
         return None;
     }
-    let value = if args.iter().any(|arg| arg == "check") {
-        serde_json::json!({
-            "findings": [], "errors": [message], "warnings": [], "denied": false, "summary": {}
-        })
+    if args.iter().any(|arg| arg == "check") {
+        Some(failed_json(true, message))
     } else if args.iter().any(|arg| arg == "mutate") {
-        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": []})
+        Some(failed_json(false, message))
     } else {
-        return None;
-    };
+        None
+    }
+}
+
+/// The JSON output of a `check` (`{findings, errors, ...}` with the error) or a `mutate` (an
+/// empty `List`: the error is on stderr) that failed before it had any result.
+fn failed_json(check: bool, message: &str) -> String {
+    if !check {
+        let empty = manifest::DocumentWriter::new(Vec::new(), Format::Json).finish();
+        return String::from_utf8(empty.expect("writing to memory cannot fail"))
+            .expect("JSON is UTF-8");
+    }
+    let value = serde_json::json!({
+        "findings": [], "errors": [message], "warnings": [], "denied": false, "summary": {}
+    });
     let mut text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
     text.push('\n');
-    Some(text)
+    text
 }
 
 /// Loads the policy the global flags name.

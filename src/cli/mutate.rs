@@ -153,7 +153,7 @@ impl Run<'_, '_> {
                     Ok(mut document) => {
                         let mut value = std::mem::take(&mut document.value);
                         self.mutate_document(&mut value, &document);
-                        writer.write(value)?;
+                        writer.write(&value)?;
                     }
                     Err(unreadable) => {
                         self.unreadable += 1;

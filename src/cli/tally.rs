@@ -33,6 +33,13 @@ impl Tally {
             .map_or(0, |kinds| kinds.values().sum())
     }
 
+    /// Each outcome with its count of objects, by name.
+    pub fn outcomes(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+        self.counts
+            .iter()
+            .map(|(outcome, kinds)| (*outcome, kinds.values().sum()))
+    }
+
     /// `2 mutated (CronJob 1, Job 1), 3 not handled (ConfigMap 2, PyTorchJob 1)`: the outcomes
     /// in `order`, those with no object left out.
     pub fn line(&self, order: &[&str]) -> String {

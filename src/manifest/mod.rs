@@ -13,7 +13,7 @@ mod read;
 mod split;
 mod write;
 
-pub use split::Syntax;
+use split::Syntax;
 
 /// One document of one input.
 #[derive(Clone, Debug, PartialEq)]
@@ -455,22 +455,16 @@ pub enum Format {
 /// Renders documents: YAML documents separated by `---`, or JSON (one object, or a `v1` `List`
 /// holding several, as kubectl prints them).
 pub fn render(values: &[Value], format: Format) -> String {
-    match format {
-        Format::Yaml => values.iter().map(to_yaml).collect::<Vec<_>>().join("---\n"),
-        Format::Json => {
-            let value = match values {
-                [single] => single.clone(),
-                many => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": many}),
-            };
-            let mut text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
-            text.push('\n');
-            text
-        }
+    let mut writer = DocumentWriter::new(Vec::new(), format);
+    for value in values {
+        writer.write(value).expect("writing to memory cannot fail");
     }
+    let bytes = writer.finish().expect("writing to memory cannot fail");
+    String::from_utf8(bytes).expect("YAML and JSON output is UTF-8")
 }
 
-/// Writes documents one at a time, exactly as [`render`] writes them all at once: memory
-/// holds one document, not the output.
+/// Writes documents one at a time (what [`render`] writes all at once): memory holds one
+/// document, not the output.
 pub struct DocumentWriter<W: Write> {
     out: W,
     format: Format,
@@ -490,26 +484,26 @@ impl<W: Write> DocumentWriter<W> {
     }
 
     /// Writes one document.
-    pub fn write(&mut self, value: Value) -> io::Result<()> {
+    pub fn write(&mut self, value: &Value) -> io::Result<()> {
         match self.format {
             Format::Yaml => {
                 if self.written > 0 {
                     self.out.write_all(b"---\n")?;
                 }
-                self.out.write_all(to_yaml(&value).as_bytes())?;
+                self.out.write_all(to_yaml(value).as_bytes())?;
             }
             Format::Json => match self.written {
-                0 => self.held = Some(value),
+                0 => self.held = Some(value.clone()),
                 1 => {
                     self.out.write_all(LIST_START.as_bytes())?;
                     let first = self.held.take().expect("the first object is held");
                     self.write_item(&first)?;
                     self.out.write_all(b",\n")?;
-                    self.write_item(&value)?;
+                    self.write_item(value)?;
                 }
                 _ => {
                     self.out.write_all(b",\n")?;
-                    self.write_item(&value)?;
+                    self.write_item(value)?;
                 }
             },
         }
@@ -544,8 +538,10 @@ impl<W: Write> DocumentWriter<W> {
                 )?,
                 1 => {
                     let value = self.held.take().expect("the one object is held");
-                    self.out
-                        .write_all(render(&[value], Format::Json).as_bytes())?;
+                    let mut text =
+                        serde_json::to_string_pretty(&value).expect("JSON values serialize");
+                    text.push('\n');
+                    self.out.write_all(text.as_bytes())?;
                 }
                 _ => self.out.write_all(b"\n  ]\n}\n")?,
             }
@@ -734,25 +730,23 @@ mod tests {
     }
 
     #[test]
-    fn the_streaming_writer_writes_what_render_writes() {
+    fn the_streaming_writer_writes_a_yaml_stream_or_one_object_or_a_v1_list() {
         let values = [
             json!({"a": 1, "b": [1, {"c": "x\ny"}]}),
             json!({"d": 2}),
             json!({"e": 3}),
         ];
-        for format in [Format::Yaml, Format::Json] {
-            for count in 1..=values.len() {
-                let mut writer = DocumentWriter::new(Vec::new(), format);
-                for value in &values[..count] {
-                    writer.write(value.clone()).unwrap();
-                }
-                let written = String::from_utf8(writer.finish().unwrap()).unwrap();
-                assert_eq!(
-                    written,
-                    render(&values[..count], format),
-                    "{format:?} {count}"
-                );
-            }
+        let pretty = |value: &Value| serde_json::to_string_pretty(value).unwrap() + "\n";
+        for count in 1..=values.len() {
+            let written = &values[..count];
+            let yaml: Vec<String> = written.iter().map(to_yaml).collect();
+            assert_eq!(render(written, Format::Yaml), yaml.join("---\n"), "{count}");
+            // One object alone; several in a `v1` `List`, as kubectl prints them.
+            let json = match written {
+                [one] => pretty(one),
+                many => pretty(&json!({"apiVersion": "v1", "kind": "List", "items": many})),
+            };
+            assert_eq!(render(written, Format::Json), json, "{count}");
         }
         let empty = String::from_utf8(
             DocumentWriter::new(Vec::new(), Format::Json)

@@ -131,7 +131,7 @@ pub fn learn(view: &mut StaticView, object: &Object<'_>) -> Result<(), String> {
 }
 
 /// Whether an object is one of the cluster facts [`learn`] reads.
-fn is_fact(value: &Value) -> bool {
+pub fn is_fact(value: &Value) -> bool {
     let api_version = value.get("apiVersion").and_then(Value::as_str);
     let group = api_version
         .and_then(|v| v.rsplit_once('/'))

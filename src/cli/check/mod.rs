@@ -49,6 +49,10 @@ pub enum CheckFormat {
     Json,
 }
 
+/// The summary's outcomes of objects that get no verdict.
+const FACTS: &str = "read as cluster facts";
+const NOT_JUDGED: &str = "not judged";
+
 pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &mut Log) -> i32 {
     let mut report = Report::new(out, args.output);
     let (inputs, open_errors) = Inputs::open(&args.input);
@@ -110,7 +114,8 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
                 }
             };
             let objects = manifest::objects(std::slice::from_ref(&document));
-            for object in &objects {
+            // The first pass learnt the facts; their errors are reported here, in place.
+            for object in objects.iter().filter(|o| findings::is_fact(&o.value)) {
                 if let Err(message) = findings::learn(&mut StaticView::default(), object) {
                     report.error(log, message);
                 }
@@ -125,10 +130,10 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
             }
             for object in checked.not_judged {
                 if object.is_fact {
-                    tally.add("read as cluster facts", &object.kind);
+                    tally.add(FACTS, &object.kind);
                     continue;
                 }
-                tally.add("not judged", &object.kind);
+                tally.add(NOT_JUDGED, &object.kind);
                 if object.carries_pod_template {
                     report.warning(
                         log,
@@ -216,16 +221,12 @@ impl<'a> Report<'a> {
 
     /// Writes the end of the report and returns the exit status.
     fn finish(mut self, log: &mut Log, tally: &Tally, code: i32) -> i32 {
-        let mut verdicts = BTreeMap::new();
-        for verdict in [
-            "allowed", "audited", "denied", "error", "exempt", "unjudged", "warned",
-        ] {
-            let count = tally.count(verdict);
-            if count > 0 {
-                verdicts.insert(verdict, count);
-            }
-        }
-        let not_judged = tally.line(&["read as cluster facts", "not judged"]);
+        // Every outcome but these two is a finding's verdict.
+        let verdicts: BTreeMap<&str, usize> = tally
+            .outcomes()
+            .filter(|(outcome, _)| ![FACTS, NOT_JUDGED].contains(outcome))
+            .collect();
+        let not_judged = tally.line(&[FACTS, NOT_JUDGED]);
         match self.format {
             CheckFormat::Text => {
                 let line = findings::summary_line(&verdicts, &not_judged);

@@ -15,7 +15,7 @@ use gpu_guard::controller::{LEASE_RULES, RBAC_RULES};
 use hyper::Method;
 use serde_json::json;
 use support::controller::{
-    World, at, gpu_node, lease_spec, lock, namespace, pod, pod_world, policy,
+    World, at, gpu_node, has_our_taint, lease_spec, lock, namespace, pod, pod_world, policy,
 };
 use support::fake_api::{DAEMONSETS, Fake, Logged, NAMESPACES, NODES, PODS};
 use support::{DEADLINE, eventually};
@@ -260,6 +260,58 @@ async fn the_leader_renews_its_lease_every_retry_period() {
     assert!(
         (3..=6).contains(&within_deadline),
         "{within_deadline} renewals in 2 s"
+    );
+    running.shutdown().await;
+}
+
+/// The event-to-write path of the mark: a pod whose GPU the kubelet reports unhealthy is
+/// marked from its own watch event, while the loop is held up in a node write (the taint patch
+/// of another node, held 4 s by a slow API server) and without waiting for the debounce.
+#[tokio::test]
+async fn a_pod_is_marked_from_its_watch_event_while_a_node_write_hangs() {
+    let fake = Fake::start().await;
+    fake.put(NODES, gpu_node("gpu-1", 8, 7));
+    fake.put(NODES, gpu_node("gpu-2", 8, 8));
+    fake.put(NAMESPACES, namespace("ml", true));
+    fake.put(PODS, pod("ml", "train-0", "gpu-2", true, false));
+    fake.lock().node_patch_delay = Some(Duration::from_secs(4));
+    let policy = policy(|p| {
+        p.controller.node_health.degraded_for_seconds = 0;
+        p.controller.node_health.max_tainted_percent = 100;
+        p.controller.resync_seconds = 3600;
+    });
+    let running = run::start(fake.config(), policy, without_election())
+        .await
+        .expect("start");
+    let taint_sent = || {
+        fake.requests()
+            .iter()
+            .any(|r| r.method == Method::PATCH && r.path == "/api/v1/nodes/gpu-1")
+    };
+    eventually("the taint patch of gpu-1 is sent (and held)", taint_sent).await;
+    let reported = Instant::now();
+    fake.put(PODS, pod("ml", "train-0", "gpu-2", true, true));
+    let marked = || {
+        fake.requests()
+            .iter()
+            .any(|r| r.path == "/api/v1/namespaces/ml/pods/train-0/status")
+    };
+    eventually("train-0 is marked", marked).await;
+    let latency = reported.elapsed();
+    // The taint patch is applied only when its 4 s are up: the mark did not wait for it.
+    assert!(
+        !has_our_taint(&fake.object(NODES, "gpu-1")),
+        "the mark came after the node write ({latency:?})"
+    );
+    eprintln!("event-to-write latency of the mark: {latency:?}");
+    let patch = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/api/v1/namespaces/ml/pods/train-0/status")
+        .expect("the mark");
+    assert_eq!(
+        patch.body["status"]["conditions"][0]["reason"],
+        "UnhealthyDevice"
     );
     running.shutdown().await;
 }

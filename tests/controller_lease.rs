@@ -287,20 +287,57 @@ async fn a_pass_that_outlasts_leadership_stops_writing() {
 }
 
 #[tokio::test]
-async fn what_a_leader_remembered_is_forgotten_when_leadership_changes_hands() {
+async fn a_new_term_keeps_the_node_clocks_and_forgets_what_was_done() {
     let mut world = World::start(policy(|_| {}), pod_world()).await;
-    world.pass(0).await;
-    assert!(world.reconciler.histories().contains_key("gpu-1"));
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/sick"]);
+    assert_eq!(
+        world.reconciler.histories()["gpu-1"].degraded_since,
+        Some(at(0))
+    );
     assert_eq!(world.metrics.degraded_nodes.get(), 1);
     assert_eq!(world.metrics.gpu_nodes.get(), 2);
-    world.reconciler.reset();
-    assert!(world.reconciler.histories().is_empty());
+    world.reconciler.new_term(at(60));
+    // The gauges are the leader's to report; what was observed stays.
     assert_eq!(world.metrics.degraded_nodes.get(), 0);
     assert_eq!(world.metrics.gpu_nodes.get(), 0);
     assert_eq!(world.metrics.tainted_nodes.get(), 0);
-    // The degradation clock starts again: not tainted at 120 s.
+    assert_eq!(
+        world.reconciler.histories()["gpu-1"].degraded_since,
+        Some(at(0))
+    );
+    // The degradation clock did not start again: tainted at 120 s, as without the change.
+    world.fake.clear_requests();
     let report = world.pass(120).await;
-    assert!(report.tainted.is_empty(), "{report:?}");
-    let report = world.pass(240).await;
     assert_eq!(report.tainted, ["gpu-1"]);
+    // What was done is forgotten: the pod marked in the last term is marked again (another
+    // leader may have acted meanwhile; the cache shows the mark it has).
+    world.pod_cached("sick", |pod| pod.marked).await;
+    assert!(!report.marked.contains(&"ml/sick".to_owned()), "{report:?}");
+}
+
+#[tokio::test]
+async fn a_replica_standing_by_keeps_the_clocks_and_a_new_leader_adds_no_eviction_burst() {
+    let mut world =
+        World::start(policy(|p| p.controller.pods.evict_pods = true), pod_world()).await;
+    let leadership = Leadership::default();
+    world.reconciler.set_leadership(leadership.clone());
+    // Standing by at t=0: the node is judged, nothing is written.
+    world.reconciler.observe(&world.caches, at(0));
+    assert!(world.fake.requests().iter().all(|r| !r.is_write()));
+    assert_eq!(
+        world.reconciler.histories()["gpu-1"].degraded_since,
+        Some(at(0))
+    );
+    // Leading from t=120: the node has been degraded for 120 s, so it is tainted at once.
+    leadership.set(Some(Instant::now() + Duration::from_secs(60)));
+    world.reconciler.new_term(at(120));
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    // The new leader's eviction budget starts empty (5 a minute: one token every 12 s).
+    assert!(report.evicted.is_empty(), "{report:?}");
+    assert_eq!(report.evictions_deferred, ["ml/on-degraded", "ml/sick"]);
+    let report = world.pass(132).await;
+    assert_eq!(report.evicted, ["ml/on-degraded"]);
+    assert_eq!(report.evictions_deferred, ["ml/sick"]);
 }

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use support::controller::{
     TAINT_TIME, World, gpu_node, has_our_taint, namespace, pod, pod_world, policy,
 };
+use support::eventually;
 use support::fake_api::{Logged, NAMESPACES, NODES, PODS};
 
 fn condition(reason: &str, message: &str, time: &str) -> Value {
@@ -92,13 +93,7 @@ async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
 
     // t=120: the node is tainted; the GPU pod on it is marked and evicted, the CPU pod is not;
     // the pod already handled is not touched again.
-    world
-        .pod_cached("sick", |pod| {
-            pod["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.len() == 2)
-        })
-        .await;
+    world.pod_cached("sick", |pod| pod.marked).await;
     world.fake.clear_requests();
     let report = world.pass(120).await;
     assert_eq!(report.tainted, ["gpu-1"]);
@@ -125,13 +120,7 @@ async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
         "/api/v1/namespaces/ml/pods/on-degraded/eviction"
     );
 
-    world
-        .pod_cached("on-degraded", |pod| {
-            pod["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.len() == 2)
-        })
-        .await;
+    world.pod_cached("on-degraded", |pod| pod.marked).await;
     world.fake.clear_requests();
     let report = world.pass(130).await;
     assert_eq!(report, PassReport::default());
@@ -371,4 +360,78 @@ async fn pods_are_not_marked_for_their_node_during_its_recovery() {
     let report = world.pass(200).await;
     assert!(report.marked.is_empty(), "{report:?}");
     assert!(report.untainted.is_empty());
+}
+
+#[tokio::test]
+async fn only_device_pods_are_cached_and_a_relist_forgets_the_pods_deleted_meanwhile() {
+    let world = World::start(policy(|_| {}), pod_world()).await;
+    let cached: Vec<String> = world
+        .caches
+        .pods
+        .snapshot()
+        .iter()
+        .map(|pod| pod.id())
+        .collect();
+    // The CPU pod is not kept: nothing about it is ever decided.
+    assert_eq!(
+        cached,
+        [
+            "ml/fine",
+            "ml/on-degraded",
+            "ml/sick",
+            "other/sick-elsewhere"
+        ]
+    );
+    // A pod deleted while the watch is down (no DELETED event reaches the controller): the
+    // relist after `410 Gone` forgets it, and keeps the others.
+    world.fake.remove(PODS, "ml/fine");
+    world.fake.error_event(PODS, 410);
+    eventually("the relist forgets ml/fine", || {
+        world.caches.pods.get("ml", "fine").is_none()
+    })
+    .await;
+    assert_eq!(world.caches.pods.len(), 3);
+    assert!(world.caches.pods.get("ml", "sick").is_some());
+}
+
+#[tokio::test]
+async fn a_pod_event_is_judged_on_its_own_without_a_full_pass() {
+    let mut world = World::start(policy(|_| {}), pod_world()).await;
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/sick"]);
+    world.pod_cached("sick", |pod| pod.marked).await;
+    // The kubelet reports the GPU of `fine` unhealthy: a pod pass judges the pods that changed.
+    world.fake.put(PODS, pod("ml", "fine", "gpu-2", true, true));
+    world
+        .pod_cached("fine", |pod| pod.unhealthy.is_some())
+        .await;
+    world.fake.clear_requests();
+    let passes = world.metrics.passes.get();
+    let report = world
+        .reconciler
+        .pass_pods(&world.caches, support::controller::at(5))
+        .await;
+    assert_eq!(report.marked, ["ml/fine"]);
+    assert!(
+        report.tainted.is_empty() && report.errors.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(world.metrics.passes.get(), passes, "not a full pass");
+    let writes: Vec<String> = world
+        .fake
+        .writes()
+        .into_iter()
+        .filter(|w| !w.is_event())
+        .map(|w| w.path)
+        .collect();
+    assert_eq!(writes, ["/api/v1/namespaces/ml/pods/fine/status"]);
+    // Nothing changed since: the next pod pass has nothing to do.
+    world.fake.clear_requests();
+    world.pod_cached("fine", |pod| pod.marked).await;
+    let report = world
+        .reconciler
+        .pass_pods(&world.caches, support::controller::at(6))
+        .await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty());
 }

@@ -1,6 +1,7 @@
 //! The one reflector helper of both components: the webhook's [`super::ClusterCache`] and the
 //! controller's [`crate::controller::reconcile::Caches`] start every cache with
-//! [`Reflected::start`].
+//! [`Reflected::start`], or, for a cache that keeps its own form of each object (the
+//! controller's pod cache), with [`follow`].
 //!
 //! A reflector is two Tokio tasks: one drives kube's watcher (list once, then watch; kube's
 //! default backoff retries every error) into a [`Store`], slimming each object on arrival; the
@@ -123,7 +124,7 @@ where
             changed,
             not_served: optional.then(|| ready_tx.clone()),
         };
-        tasks.push(tokio::spawn(follower.follow(stream)).abort_handle());
+        tasks.push(tokio::spawn(follower.follow(stream, drop)).abort_handle());
 
         // The store's own readiness (its first complete list), made readable without awaiting.
         let reader = store.clone();
@@ -161,6 +162,11 @@ where
         self.store.get(&ObjectRef::new(name).within(namespace))
     }
 
+    /// Becomes true with the first complete list.
+    pub fn ready(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ready.clone()
+    }
+
     /// Waits for the first complete list. False when the tasks were stopped before it came.
     pub async fn wait_synced(&self) -> bool {
         let mut ready = self.ready.clone();
@@ -183,6 +189,32 @@ where
     }
 }
 
+/// Drives a watch of `api` whose events go to `apply` instead of kube's [`Store`]: for a cache
+/// that keeps its own form of each object, or only some objects (the controller's pod cache
+/// keeps the few facts of device pods and drops the rest as they arrive). `apply` sees every
+/// event, `Init`, `InitApply` and `InitDone` of each (re)list included, in order; errors are
+/// counted, logged and retried with kube's default backoff, as for [`Reflected`].
+pub(crate) fn follow<K>(
+    cache: &'static str,
+    resource: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    apply: impl FnMut(watcher::Event<K>) + Send + 'static,
+    tasks: &mut Vec<AbortHandle>,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + 'static,
+{
+    let follower = Follower {
+        cache,
+        resource,
+        activity: Arc::new(Activity::default()),
+        changed: None,
+        not_served: None,
+    };
+    let stream = watcher(api, config).default_backoff();
+    tasks.push(tokio::spawn(follower.follow(stream, apply)).abort_handle());
+}
+
 /// What the driving task records and whom it wakes.
 struct Follower {
     cache: &'static str,
@@ -194,12 +226,12 @@ struct Follower {
 }
 
 impl Follower {
-    /// Drives a reflector stream for as long as the task lives: records events, wakes the
-    /// reader, logs errors.
+    /// Drives a watch stream for as long as the task lives: hands each event to `apply`,
+    /// records it, wakes the reader, logs errors.
     ///
     /// The stream is polled through [`WatchStreamExt`]'s supertrait (`futures::Stream`), which
     /// spares this crate a direct `futures` dependency.
-    async fn follow<S, K>(self, stream: S)
+    async fn follow<S, K>(self, stream: S, mut apply: impl FnMut(watcher::Event<K>))
     where
         S: WatchStreamExt<Item = Result<watcher::Event<K>, watcher::Error>>,
     {
@@ -223,6 +255,7 @@ impl Follower {
                         watcher::Event::InitDone => tracing::debug!(resource, "{cache} listed"),
                         _ => {}
                     }
+                    apply(event);
                 }
                 Err(error) => {
                     activity.watch_errors.fetch_add(1, Ordering::Relaxed);

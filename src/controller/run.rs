@@ -1,10 +1,12 @@
 //! `gpu-guard controller`: the caches, the election, the reconcile loop, the admin port
 //! (`/healthz`, `/readyz`, `/metrics`), signals.
 //!
-//! The loop runs a pass every `controller.resyncSeconds`, and one second after a watch event
-//! (events coming in a burst make one pass). Only the Lease holder runs passes; a replica that
-//! is not the leader keeps its caches warm and reports ready. On SIGTERM: readiness turns
-//! false, the loop stops after the pass in progress, the Lease is released, exit 0.
+//! The loop runs a full pass every `controller.resyncSeconds`; one second after Node,
+//! Namespace or ResourceSlice events, a node pass; one second after pod events, a pass over the
+//! pods that changed (events coming in a burst make one pass). A pod to mark is marked from its
+//! own watch event, by a task of its own. Only the Lease holder writes; a replica that is not
+//! the leader keeps its caches warm and its node clocks running, and reports ready. On SIGTERM:
+//! readiness turns false, the loop and the marking stop, the Lease is released, exit 0.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,6 +24,7 @@ use tokio::task::JoinHandle;
 use super::lease::{Elector, Leadership, LeaseLock};
 use super::metrics::ControllerMetrics;
 use super::node;
+use super::reconcile::marker::mark_from_events;
 use super::reconcile::{Caches, Reconciler};
 use crate::cluster;
 use crate::policy::Policy;
@@ -29,6 +32,17 @@ use crate::process::{self, AdminProbes, Stopped, admin_router};
 
 /// Pause after a watch event before a pass, so a burst of events makes one pass.
 const DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// What the loop does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    /// Every node and every device pod (resync, a new term).
+    Full,
+    /// Every node, and the pods a change of node state or opt-in concerns.
+    Nodes,
+    /// The pods that changed.
+    Pods,
+}
 
 /// Leader election settings.
 #[derive(Clone, Debug)]
@@ -99,6 +113,8 @@ pub struct RunningController {
     stop_election: watch::Sender<bool>,
     stop_admin: watch::Sender<bool>,
     reconcile: JoinHandle<()>,
+    /// Marks pods from their watch events ([`mark_from_events`]).
+    marking: JoinHandle<()>,
     election: Option<JoinHandle<()>>,
     admin: JoinHandle<()>,
 }
@@ -111,6 +127,8 @@ impl RunningController {
         self.state.stopping.store(true, Ordering::Relaxed);
         self.stop_loop.send_replace(true);
         let _ = self.reconcile.await;
+        self.marking.abort();
+        let _ = self.marking.await;
         self.stop_election.send_replace(true);
         if let Some(election) = self.election {
             let _ = election.await;
@@ -190,12 +208,21 @@ pub async fn start(
         policy.clone(),
         metrics.clone(),
     ));
-    let caches = Caches::start(&client);
+    let (urgent, urgent_rx) = tokio::sync::mpsc::unbounded_channel();
+    let caches = Caches::start(&client, &policy, Some(urgent));
     let mut reconciler = Reconciler::new(config, policy.clone(), options.identity, metrics.clone())
         .map_err(std::io::Error::other)?;
     if let Some(leadership) = &leadership {
         reconciler.set_leadership(leadership.clone());
     }
+    let marking = tokio::spawn(mark_from_events(
+        reconciler.marker(),
+        urgent_rx,
+        caches.pods.clone(),
+        caches.namespaces.clone(),
+        caches.namespaces_synced(),
+        policy.clone(),
+    ));
     let reconcile = tokio::spawn(reconcile_loop(
         caches,
         reconciler,
@@ -213,6 +240,7 @@ pub async fn start(
         stop_election,
         stop_admin,
         reconcile,
+        marking,
         election,
         admin,
     })
@@ -341,36 +369,52 @@ async fn reconcile_loop(
     tracing::info!("controller caches synced");
     // (leading, term) at the previous look.
     let mut was = (false, u64::MAX);
+    let mut work = Work::Full;
+    let mut next_full = Instant::now();
     loop {
         let leading = leadership.as_ref().is_none_or(Leadership::leads);
-        let now = (leading, leadership.as_ref().map_or(0, Leadership::term));
-        if now != was {
-            // Another replica may have acted meanwhile (or acts from now on): nothing
-            // remembered is trusted, and the leader-only gauges are the new leader's to report.
-            reconciler.reset();
+        let term = (leading, leadership.as_ref().map_or(0, Leadership::term));
+        if term != was {
+            // Another replica may have acted meanwhile (or acts from now on): what this one did
+            // is forgotten, what it observed is kept, and the leader-only gauges are the new
+            // leader's to report.
+            reconciler.new_term(Timestamp::now());
             state.set_last_pass(leading.then(Instant::now));
-            was = now;
+            was = term;
+            work = Work::Full;
+        }
+        if work == Work::Full {
+            next_full = Instant::now() + resync;
         }
         if leading {
-            let report = reconciler.pass(&caches, Timestamp::now()).await;
+            let now = Timestamp::now();
+            let report = match work {
+                Work::Full => reconciler.pass(&caches, now).await,
+                Work::Nodes => reconciler.pass_nodes(&caches, now).await,
+                Work::Pods => reconciler.pass_pods(&caches, now).await,
+            };
+            tracing::debug!(?work, ?report, "pass done");
             if report.stopped {
                 tracing::warn!("leadership ran out during a pass: stopped it");
-            } else {
-                state.set_last_pass(Some(Instant::now()));
-            }
-            tracing::debug!(?report, "pass done");
-            if report.stopped {
                 continue;
             }
+            state.set_last_pass(Some(Instant::now()));
+        } else if work == Work::Pods {
+            // The leader judges them.
+            caches.pods.clear_dirty();
+        } else {
+            reconciler.observe(&caches, Timestamp::now());
         }
-        let changed = tokio::select! {
+        let (next, debounce) = tokio::select! {
             _ = stop.wait_for(|stop| *stop) => return,
-            () = tokio::time::sleep(resync) => false,
-            () = caches.changed.notified() => true,
+            () = tokio::time::sleep_until(next_full.into()) => (Work::Full, false),
+            () = caches.changed.notified() => (Work::Nodes, true),
+            () = caches.pods.dirtied() => (Work::Pods, true),
             // A new leader acts at once.
-            Ok(()) = leader.changed() => false,
+            Ok(()) = leader.changed() => (Work::Full, false),
         };
-        if changed {
+        work = next;
+        if debounce {
             tokio::select! {
                 _ = stop.wait_for(|stop| *stop) => return,
                 () = tokio::time::sleep(DEBOUNCE) => {}

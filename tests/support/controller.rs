@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use gpu_guard::controller::lease::LeaseLock;
 use gpu_guard::controller::metrics::ControllerMetrics;
+use gpu_guard::controller::pod::PodFacts;
 use gpu_guard::controller::reconcile::{Caches, PassReport, Reconciler};
 use gpu_guard::policy::Policy;
 use gpu_guard::wellknown::DEGRADED_TAINT_KEY;
@@ -161,7 +162,7 @@ impl World {
             fake.put(path, object);
         }
         let client = fake.client();
-        let caches = Caches::start(&client);
+        let caches = Caches::start(&client, &policy, None);
         // Readiness must wake its waiter when the lists are in: one that is not woken (kube's
         // Store::wait_until_ready with a second waiter) sleeps until a timer polls it again,
         // and the lists of a few objects on loopback take milliseconds, not seconds.
@@ -212,9 +213,15 @@ impl World {
         .await;
     }
 
-    pub async fn pod_cached(&self, name: &str, check: impl Fn(&Value) -> bool) {
+    /// Waits until the device pod cache shows `check` true of the pod's facts.
+    pub async fn pod_cached(&self, name: &str, check: impl Fn(&PodFacts) -> bool) {
         eventually(&format!("pod {name} updated in the cache"), || {
-            cached(&self.caches.pods, name).is_some_and(|pod| check(&pod))
+            self.caches
+                .pods
+                .snapshot()
+                .iter()
+                .find(|pod| pod.name == name)
+                .is_some_and(|pod| check(pod))
         })
         .await;
     }

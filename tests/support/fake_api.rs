@@ -143,6 +143,8 @@ pub struct State {
     pub lease_delay: Option<Duration>,
     /// Pod status patches are held this long before they are applied.
     pub status_delay: Option<Duration>,
+    /// Node patches are held this long before they are applied (a slow API server).
+    pub node_patch_delay: Option<Duration>,
 }
 
 /// What a dry-run write must leave as it was.
@@ -254,6 +256,7 @@ impl Fake {
             eviction_refused: BTreeSet::new(),
             lease_delay: None,
             status_delay: None,
+            node_patch_delay: None,
         };
         let fake = Fake {
             addr,
@@ -341,6 +344,9 @@ impl Fake {
                 _ if path.starts_with("/apis/coordination.k8s.io/") => (None, state.lease_delay),
                 _ if method == Method::PATCH && path.ends_with("/status") => {
                     (None, state.status_delay)
+                }
+                _ if method == Method::PATCH && path.starts_with("/api/v1/nodes/") => {
+                    (None, state.node_patch_delay)
                 }
                 _ => (None, None),
             }

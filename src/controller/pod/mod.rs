@@ -7,7 +7,9 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerStatus, ObjectReference, Pod, PodCondition, Taint, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -87,7 +89,99 @@ pub enum Action {
     },
 }
 
+/// What the controller keeps of a pod: the facts its decisions read, and nothing else (the
+/// pod cache holds one per device pod, so 150,000 pods cost what their few device pods cost).
+/// Built from a whole Pod by [`PodFacts::of`]; judged by [`verdict`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodFacts {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// `status.phase`.
+    pub phase: Option<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Something recreates it on another node ([`recreated_elsewhere`]).
+    pub recreated_elsewhere: bool,
+    pub tolerations: Vec<Toleration>,
+    /// The device resources its containers and init containers request or limit
+    /// ([`device_resources`]).
+    pub devices: BTreeSet<String>,
+    /// The first device the kubelet reports unhealthy, if any.
+    pub unhealthy: Option<Cause>,
+    /// It has `gpu-guard.io/DeviceFailure=True` already ([`is_marked`]).
+    pub marked: bool,
+}
+
+impl PodFacts {
+    /// The facts of `pod`, by `policy`'s devices.
+    pub fn of(pod: &Pod, policy: &Policy) -> PodFacts {
+        let spec = pod.spec.as_ref();
+        PodFacts {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            node: spec.and_then(|spec| spec.node_name.clone()),
+            phase: pod.status.as_ref().and_then(|status| status.phase.clone()),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            recreated_elsewhere: recreated_elsewhere(pod),
+            tolerations: spec
+                .and_then(|spec| spec.tolerations.clone())
+                .unwrap_or_default(),
+            devices: device_resources(pod, policy),
+            unhealthy: unhealthy_device(pod, policy),
+            marked: is_marked(pod),
+        }
+    }
+
+    /// Whether the controller has anything to judge: the pod uses a device resource, or the
+    /// kubelet reports one of its devices unhealthy (a DRA-only pod requests no device
+    /// resource). Other pods are not cached.
+    pub fn is_device_pod(&self) -> bool {
+        !self.devices.is_empty() || self.unhealthy.is_some()
+    }
+
+    /// `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether the pod should be marked at once from its own watch event, before any node is
+    /// judged: the kubelet reports a device unhealthy, the pod is not marked yet, marking is on,
+    /// and the pod has not succeeded.
+    pub fn needs_mark_now(&self, policy: &Policy) -> bool {
+        policy.controller.pods.mark_pods
+            && self.unhealthy.is_some()
+            && !self.marked
+            && self.phase.as_deref() != Some("Succeeded")
+    }
+
+    /// What an Event about the pod regards.
+    pub fn object_ref(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()).filter(|uid| !uid.is_empty()),
+            ..ObjectReference::default()
+        }
+    }
+
+    /// Whether one of the pod's tolerations tolerates `taint` ([`tolerates`]).
+    pub fn tolerates(&self, taint: &Taint) -> bool {
+        tolerates(&self.tolerations, taint)
+    }
+}
+
 /// Judges one pod. `node_state` is its node's (None: unknown or not scheduled).
+pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -> Action {
+    verdict(&PodFacts::of(pod, policy), node_state, policy)
+}
+
+/// Judges one pod by its facts. `node_state` is its node's (None: unknown or not scheduled).
 ///
 /// A pod whose device the kubelet reports `Unhealthy` is a device user whatever it requests
 /// (a DRA-only pod requests no device resource). A pod is evicted only if something recreates
@@ -95,16 +189,15 @@ pub enum Action {
 /// DaemonSet's pod (recreated on the same node, evicted again), nor, for its node's
 /// degradation, a pod that tolerates gpu-guard's taint (the scheduler would put it back). Such
 /// pods are still marked.
-pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -> Action {
-    let status = pod.status.as_ref();
-    let phase = status.and_then(|status| status.phase.as_deref());
+pub fn verdict(facts: &PodFacts, node_state: Option<&NodeState>, policy: &Policy) -> Action {
+    let phase = facts.phase.as_deref();
     if phase == Some("Succeeded") {
         return Action::Nothing;
     }
-    let uses = device_resources(pod, policy);
-    let Some(cause) = unhealthy_device(pod, policy).or_else(|| {
-        let node = pod.spec.as_ref()?.node_name.clone()?;
-        let resource = uses
+    let Some(cause) = facts.unhealthy.clone().or_else(|| {
+        let node = facts.node.clone()?;
+        let resource = facts
+            .devices
             .iter()
             .find(|resource| node_state.is_some_and(|state| state.degraded.contains(*resource)))?;
         Some(Cause::NodeDegraded {
@@ -115,14 +208,14 @@ pub fn pod_verdict(pod: &Pod, node_state: Option<&NodeState>, policy: &Policy) -
         return Action::Nothing;
     };
     let settings = &policy.controller.pods;
-    let mark = settings.mark_pods && !is_marked(pod);
+    let mark = settings.mark_pods && !facts.marked;
     let running = matches!(phase, None | Some("Pending" | "Running"));
     let tolerated = matches!(&cause, Cause::NodeDegraded { resource, .. }
-        if tolerates(pod, &super::node::degraded_taint(resource, policy.controller.node_health.no_execute)));
+        if facts.tolerates(&super::node::degraded_taint(resource, policy.controller.node_health.no_execute)));
     let evict = settings.evict_pods
         && running
-        && pod.metadata.deletion_timestamp.is_none()
-        && recreated_elsewhere(pod)
+        && !facts.deleting
+        && facts.recreated_elsewhere
         && !tolerated;
     if mark || evict {
         Action::Act { cause, mark, evict }
@@ -176,29 +269,24 @@ pub fn is_policy_dra_device(resource_id: &str, policy: &Policy) -> bool {
         .any(|known| known == head || known == driver)
 }
 
-/// Whether one of the pod's tolerations tolerates `taint` (as the scheduler matches them: an
-/// empty key with `Exists` matches every key; an empty effect matches every effect).
-pub fn tolerates(pod: &Pod, taint: &k8s_openapi::api::core::v1::Taint) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|spec| spec.tolerations.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|toleration| {
-            let effect = toleration.effect.as_deref().unwrap_or_default();
-            if !effect.is_empty() && effect != taint.effect {
-                return false;
-            }
-            let key = toleration.key.as_deref().unwrap_or_default();
-            let exists = toleration.operator.as_deref() == Some("Exists");
-            if key.is_empty() {
-                return exists;
-            }
-            key == taint.key
-                && (exists
-                    || toleration.value.as_deref().unwrap_or_default()
-                        == taint.value.as_deref().unwrap_or_default())
-        })
+/// Whether one of `tolerations` tolerates `taint` (as the scheduler matches them: an empty key
+/// with `Exists` matches every key; an empty effect matches every effect).
+pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
+    tolerations.iter().any(|toleration| {
+        let effect = toleration.effect.as_deref().unwrap_or_default();
+        if !effect.is_empty() && effect != taint.effect {
+            return false;
+        }
+        let key = toleration.key.as_deref().unwrap_or_default();
+        let exists = toleration.operator.as_deref() == Some("Exists");
+        if key.is_empty() {
+            return exists;
+        }
+        key == taint.key
+            && (exists
+                || toleration.value.as_deref().unwrap_or_default()
+                    == taint.value.as_deref().unwrap_or_default())
+    })
 }
 
 /// Whether the pod already has `gpu-guard.io/DeviceFailure=True`.

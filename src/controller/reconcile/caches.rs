@@ -1,49 +1,90 @@
-//! The controller's caches: Nodes, Pods bound to a node and not finished, opted-in
-//! Namespaces, and DRA ResourceSlices, each a reflector started with the shared `crate::cluster::reflector` helper and
-//! slimmed to what the node and pod decisions read.
+//! The controller's caches: Nodes, opted-in Namespaces and DRA ResourceSlices, each a reflector
+//! started with the shared `crate::cluster::reflector` helper and slimmed to what the node and
+//! pod decisions read; and the device pods' facts ([`PodCache`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Namespace, Node, NodeSpec, NodeStatus, Pod};
-use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus};
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
+use super::pods::PodCache;
+use crate::controller::pod::PodFacts;
+use crate::policy::Policy;
+
 use crate::cluster::reflector::{Reflected, Watch};
-use crate::wellknown::ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL;
+use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL};
 
-/// The pods the controller caches.
-pub const POD_FIELD_SELECTOR: &str = "spec.nodeName!=,status.phase!=Succeeded";
-
-/// The Node, Pod and opted-in Namespace caches.
+/// The Node, device Pod, opted-in Namespace and ResourceSlice caches.
 pub struct Caches {
     pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
-    pub namespaces: Store<Namespace>,
+    /// The device pods' facts: their changes are followed on their own
+    /// ([`PodCache::take_dirty`]), not through [`Caches::changed`].
+    pub pods: PodCache,
+    pub namespaces: OptedIn,
     /// DRA ResourceSlices bound to a node (`resource.k8s.io/v1`; empty where not served).
     pub slices: Store<ResourceSlice>,
-    /// Notified on every watch event, so a pass can follow a change at once.
+    /// Notified on every Node, Namespace and ResourceSlice watch event, so a pass can follow a
+    /// change at once.
     pub changed: Arc<Notify>,
     /// The reflectors behind the stores, for their readiness.
     reflected: (
         Reflected<Node>,
-        Reflected<Pod>,
         Reflected<Namespace>,
         Reflected<ResourceSlice>,
     ),
     tasks: Vec<AbortHandle>,
 }
 
+/// The opted-in namespaces (label `gpu-guard.io/enabled: "true"`), from their cache.
+#[derive(Clone)]
+pub struct OptedIn(Store<Namespace>);
+
+impl OptedIn {
+    /// Whether `namespace` opted in.
+    pub fn contains(&self, namespace: &str) -> bool {
+        self.0
+            .get(&kube::runtime::reflector::ObjectRef::new(namespace))
+            .is_some_and(|ns| opted_in(&ns))
+    }
+
+    /// Every opted-in namespace.
+    pub fn names(&self) -> HashSet<String> {
+        self.0
+            .state()
+            .iter()
+            .filter(|ns| opted_in(ns))
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect()
+    }
+}
+
+fn opted_in(namespace: &Namespace) -> bool {
+    namespace
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(NAMESPACE_OPT_IN_LABEL))
+        .is_some_and(|value| value == "true")
+}
+
 impl Caches {
-    /// Starts the four reflectors on the current Tokio runtime.
-    pub fn start(client: &Client) -> Caches {
+    /// Starts the caches on the current Tokio runtime. The pod cache keeps the facts of the
+    /// pods that use one of `policy`'s devices, and sends those to mark at once to `urgent`.
+    pub fn start(
+        client: &Client,
+        policy: &Policy,
+        urgent: Option<mpsc::UnboundedSender<Arc<PodFacts>>>,
+    ) -> Caches {
         let changed = Arc::new(Notify::new());
         let mut tasks = Vec::new();
         let nodes = reflect(
@@ -54,16 +95,7 @@ impl Caches {
             &changed,
             &mut tasks,
         );
-        // Pods bound to a node and not finished (as kube-scheduler selects assigned pods, but
-        // keeping Failed pods: they may still need the condition).
-        let pods = reflect(
-            "pods",
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().fields(POD_FIELD_SELECTOR),
-            slim_pod,
-            &changed,
-            &mut tasks,
-        );
+        let pods = PodCache::start(client, policy.clone(), urgent, &mut tasks);
         let namespaces = reflect(
             "namespaces",
             Api::<Namespace>::all(client.clone()),
@@ -88,13 +120,18 @@ impl Caches {
         );
         Caches {
             nodes: nodes.store().clone(),
-            pods: pods.store().clone(),
-            namespaces: namespaces.store().clone(),
+            pods,
+            namespaces: OptedIn(namespaces.store().clone()),
             slices: slices.store().clone(),
             changed,
-            reflected: (nodes, pods, namespaces, slices),
+            reflected: (nodes, namespaces, slices),
             tasks,
         }
+    }
+
+    /// Becomes true when the opted-in namespaces have been listed.
+    pub fn namespaces_synced(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.reflected.1.ready()
     }
 
     /// Waits until the four caches have listed (the ResourceSlices: or are not served), at most
@@ -103,7 +140,8 @@ impl Caches {
         // Not `Store::wait_until_ready`: kube's store wakes only the last of several tasks
         // waiting on it, and the reflector's own readiness task waits on it already (a second
         // waiter here slept until its timeout).
-        let (nodes, pods, namespaces, slices) = &self.reflected;
+        let (nodes, namespaces, slices) = &self.reflected;
+        let pods = &self.pods;
         let all = async {
             nodes.wait_synced().await
                 && pods.wait_synced().await
@@ -185,8 +223,8 @@ fn slim_slice(slice: &mut ResourceSlice) {
 }
 
 /// Keeps what node decisions read and node patches need: name, uid, resourceVersion (the
-/// patches' precondition), annotations (gpu-guard's owner record), taints, capacity and
-/// allocatable (the device counts).
+/// patches' precondition), gpu-guard's owner annotation (no other: nodes carry kilobytes of
+/// them), taints, capacity and allocatable (the device counts).
 fn keep_node_taints_devices_and_owner(node: &mut Node) {
     let full = std::mem::take(node);
     *node = Node {
@@ -194,7 +232,10 @@ fn keep_node_taints_devices_and_owner(node: &mut Node) {
             name: full.metadata.name,
             uid: full.metadata.uid,
             resource_version: full.metadata.resource_version,
-            annotations: full.metadata.annotations,
+            annotations: full.metadata.annotations.and_then(|mut annotations| {
+                let owner = annotations.remove_entry(DEGRADED_OWNER_ANNOTATION)?;
+                Some([owner].into())
+            }),
             ..ObjectMeta::default()
         },
         spec: full.spec.map(|spec| NodeSpec {
@@ -205,52 +246,6 @@ fn keep_node_taints_devices_and_owner(node: &mut Node) {
             capacity: status.capacity,
             allocatable: status.allocatable,
             ..Default::default()
-        }),
-    };
-}
-
-/// Keeps what pod decisions read: identity, deletion, owner references, the mirror-pod
-/// annotation (no other), node, tolerations,
-/// containers' resources, phase, conditions and container statuses (allocatedResourcesStatus).
-fn slim_pod(pod: &mut Pod) {
-    let full = std::mem::take(pod);
-    let slim_containers = |containers: Vec<Container>| {
-        containers
-            .into_iter()
-            .map(|c| Container {
-                name: c.name,
-                resources: c.resources,
-                ..Default::default()
-            })
-            .collect::<Vec<_>>()
-    };
-    *pod = Pod {
-        metadata: ObjectMeta {
-            name: full.metadata.name,
-            namespace: full.metadata.namespace,
-            uid: full.metadata.uid,
-            deletion_timestamp: full.metadata.deletion_timestamp,
-            owner_references: full.metadata.owner_references,
-            // Only the mirror-pod annotation: a mirror pod is never evicted.
-            annotations: full.metadata.annotations.and_then(|mut annotations| {
-                let mirror = annotations.remove_entry(crate::controller::pod::MIRROR_ANNOTATION)?;
-                Some([mirror].into())
-            }),
-            ..ObjectMeta::default()
-        },
-        spec: full.spec.map(|spec| PodSpec {
-            node_name: spec.node_name,
-            tolerations: spec.tolerations,
-            containers: slim_containers(spec.containers),
-            init_containers: spec.init_containers.map(slim_containers),
-            ..PodSpec::default()
-        }),
-        status: full.status.map(|status| PodStatus {
-            phase: status.phase,
-            conditions: status.conditions,
-            container_statuses: status.container_statuses,
-            init_container_statuses: status.init_container_statuses,
-            ..PodStatus::default()
         }),
     };
 }

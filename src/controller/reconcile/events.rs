@@ -1,9 +1,9 @@
 //! The controller's Events (`events.k8s.io/v1`, through kube's recorder): their reasons, the
 //! note size the API server accepts, and publishing one, never fatal to a pass.
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::Resource;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::{Event, EventType, Recorder};
 
 use super::Reconciler;
 
@@ -31,17 +31,29 @@ impl Reconciler {
         if self.ensure_leading().is_err() {
             return;
         }
-        let note = truncate_note(note);
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: action.to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(%error, reason, "cannot publish an Event");
-        }
+        publish(&self.recorder, regarding, type_, reason, action, note).await;
+    }
+}
+
+/// Publishes an Event through `recorder`, its note cut to what the API server accepts; a
+/// failure is logged, never fatal.
+pub(super) async fn publish(
+    recorder: &Recorder,
+    regarding: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(truncate_note(note)),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, regarding).await {
+        tracing::warn!(%error, reason, "cannot publish an Event");
     }
 }
 
@@ -64,11 +76,6 @@ pub(super) fn node_ref(node: &Node) -> ObjectReference {
     // Events on cluster-scoped objects go to the default namespace (as kubelet's do).
     reference.namespace = None;
     reference
-}
-
-/// What an Event about `pod` regards.
-pub(super) fn pod_ref(pod: &Pod) -> ObjectReference {
-    pod.object_ref(&())
 }
 
 #[cfg(test)]

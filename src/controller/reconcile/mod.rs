@@ -1,12 +1,21 @@
-//! The reconciler: one pass judges every cached node and pod with the pure decisions
-//! ([`crate::controller::node::node_verdict`], [`crate::controller::pod::pod_verdict`]) and
+//! The reconciler: it judges cached nodes and pods with the pure decisions
+//! ([`crate::controller::node::node_verdict`], [`crate::controller::pod::verdict`]) and
 //! applies them: taint patches, pod condition patches, evictions, Events, metrics.
 //!
+//! Work follows what changed: a full pass ([`Reconciler::pass`]: every node, every device pod)
+//! on each resync; a node pass after Node, Namespace or ResourceSlice events
+//! ([`Reconciler::pass_nodes`]: every node, then only the pods whose node changed state); a pod
+//! pass after pod events ([`Reconciler::pass_pods`]: only the pods that changed). A pod to
+//! mark is marked from its own watch event ([`marker::mark_from_events`]), independent of the
+//! passes.
+//!
 //! This module owns the [`Reconciler`] (what it remembers between passes, the leadership check
-//! before every write), the [`PassReport`], the order of a pass, and what becomes of a failed
-//! write ([`WriteError`]). The parts:
-//! - [`caches`]: the Node, Pod and opted-in Namespace reflectors a pass reads;
+//! before every write, what a new term of leadership keeps), the [`PassReport`], the order of a
+//! pass, and what becomes of a failed write ([`WriteError`]). The parts:
+//! - [`caches`], [`pods`]: the Node, opted-in Namespace and ResourceSlice reflectors, and the
+//!   device pods' facts;
 //! - `node_pass`, `pod_pass`: the two halves of a pass and their writes;
+//! - [`marker`]: the pod condition, from passes and from watch events;
 //! - [`throttle`]: the eviction token bucket and the per-pod eviction backoff;
 //! - [`events`]: Event reasons and publishing.
 //!
@@ -18,8 +27,10 @@
 
 pub mod caches;
 pub mod events;
+pub mod marker;
 mod node_pass;
 mod pod_pass;
+pub mod pods;
 pub mod throttle;
 
 pub use caches::Caches;
@@ -35,8 +46,10 @@ use kube::runtime::events::{Recorder, Reporter};
 use super::lease::Leadership;
 use super::metrics::ControllerMetrics;
 use super::node::NodeHistory;
+use super::pod::NodeState;
 use crate::policy::Policy;
 use crate::wellknown::EVENT_REPORTER;
+use marker::Marker;
 use throttle::{Backoff, TokenBucket};
 
 /// Why a write of a pass did not happen.
@@ -119,9 +132,15 @@ pub struct Reconciler {
     histories: HashMap<String, NodeHistory>,
     /// Nodes whose safety-valve trip has been reported (once per episode).
     valve_reported: HashSet<String>,
-    /// Pods (by uid) marked or evicted already: the cache may lag behind our own change.
-    marked: HashSet<String>,
+    /// Adds the pod condition, for the passes and the event path; remembers what it marked.
+    marker: Arc<Marker>,
+    /// Pods (by uid) evicted already: the cache may lag behind our own change.
     evicted: HashSet<String>,
+    /// The degraded resources of the nodes holding gpu-guard's taint, from the last node pass:
+    /// what the pods are judged against between node passes.
+    node_states: HashMap<String, NodeState>,
+    /// The opted-in namespaces at the last node pass (a change re-judges every pod).
+    opted_in: HashSet<String>,
     /// Pods (by uid) whose eviction a PodDisruptionBudget refused: each waits on its own.
     backoff: HashMap<String, Backoff>,
     bucket: TokenBucket,
@@ -139,6 +158,7 @@ impl Reconciler {
         instance: Option<String>,
         metrics: Arc<ControllerMetrics>,
     ) -> Result<Self, kube::Error> {
+        let config_for_marker = config.clone();
         let client = Client::try_from(super::write_config(config))?;
         let recorder = Recorder::new(
             client.clone(),
@@ -149,6 +169,12 @@ impl Reconciler {
         );
         metrics.dry_run.set(i64::from(policy.controller.dry_run));
         let bucket = TokenBucket::per_minute(policy.controller.pods.evictions_per_minute);
+        let marker = Arc::new(Marker::new(
+            config_for_marker,
+            recorder.clone(),
+            policy.controller.dry_run,
+            metrics.clone(),
+        )?);
         Ok(Self {
             client,
             policy,
@@ -157,8 +183,10 @@ impl Reconciler {
             metrics,
             histories: HashMap::new(),
             valve_reported: HashSet::new(),
-            marked: HashSet::new(),
+            marker,
             evicted: HashSet::new(),
+            node_states: HashMap::new(),
+            opted_in: HashSet::new(),
             backoff: HashMap::new(),
             bucket,
             dra_hint_logged: false,
@@ -168,20 +196,39 @@ impl Reconciler {
     /// Acts only while `leadership` lasts: it is checked before every write, and a pass stops
     /// when it has run out.
     pub fn set_leadership(&mut self, leadership: Leadership) {
+        self.marker.set_leadership(leadership.clone());
         self.leadership = Some(leadership);
     }
 
-    /// Forgets everything remembered between passes (node histories, marked and evicted pods,
-    /// eviction backoffs, the token bucket), and zeroes the gauges only the leader reports. Called
-    /// when leadership is gained (another replica acted meanwhile) and lost (the new leader
-    /// reports them).
-    pub fn reset(&mut self) {
-        self.histories.clear();
+    /// The marker, for the event path ([`marker::mark_from_events`]).
+    pub fn marker(&self) -> Arc<Marker> {
+        self.marker.clone()
+    }
+
+    /// A new term: leadership was gained or lost, at `now`. Another replica may have acted
+    /// meanwhile, so what this replica did is forgotten (marked and evicted pods, eviction
+    /// backoffs, safety-valve reports, the taints a dry run only assumed), and the gauges only
+    /// the leader reports are zeroed. What was observed is kept: the node histories (since
+    /// when each node has been degraded or healthy, which devices it had), which a replica
+    /// standing by keeps up too ([`Reconciler::observe`]), so a new leader does not restart
+    /// the `degradedForSeconds` and `healthyForSeconds` clocks. Under an election the eviction
+    /// budget starts empty and refills at `evictionsPerMinute`: a change of leader never allows
+    /// a second burst on top of the previous leader's (without an election, there is no other
+    /// leader, and it starts full).
+    pub fn new_term(&mut self, now: Timestamp) {
+        for history in self.histories.values_mut() {
+            history.assumed_tainted = false;
+        }
         self.valve_reported.clear();
-        self.marked.clear();
+        self.marker.reset();
         self.evicted.clear();
         self.backoff.clear();
-        self.bucket = TokenBucket::per_minute(self.policy.controller.pods.evictions_per_minute);
+        let per_minute = self.policy.controller.pods.evictions_per_minute;
+        self.bucket = if self.leadership.is_some() {
+            TokenBucket::empty(per_minute, now)
+        } else {
+            TokenBucket::per_minute(per_minute)
+        };
         self.metrics.gpu_nodes.set(0);
         self.metrics.tainted_nodes.set(0);
         self.metrics.degraded_nodes.set(0);
@@ -210,17 +257,95 @@ impl Reconciler {
         }
     }
 
-    /// One pass over every node and pod of the caches, at `now`: the nodes first, so the pods
-    /// are judged against the taints this pass added.
+    /// A full pass over every node and device pod of the caches, at `now`: the nodes first, so
+    /// the pods are judged against the taints this pass added. Forgets what it remembered of
+    /// pods that are gone.
     pub async fn pass(&mut self, caches: &Caches, now: Timestamp) -> PassReport {
         let mut report = PassReport::default();
         self.metrics.passes.inc();
+        // Every pod is judged: the changes so far are covered.
+        caches.pods.clear_dirty();
         let done = match self.nodes_pass(caches, now, &mut report).await {
-            Ok(node_states) => self.pods_pass(caches, &node_states, now, &mut report).await,
+            Ok(node_states) => {
+                self.node_states = node_states;
+                self.opted_in = caches.namespaces.names();
+                let pods = caches.pods.snapshot();
+                self.forget_pods_gone(&pods);
+                let opted_in = self.opted_in.clone();
+                self.pods_pass(pods, &opted_in, now, &mut report).await
+            }
             Err(stop) => Err(stop),
         };
         report.stopped = done.is_err();
         report
+    }
+
+    /// After Node, Namespace or ResourceSlice events: every node, then the pods whose node
+    /// changed state (tainted, untainted, degraded for other resources), every pod when the
+    /// opted-in namespaces changed, and the pods that changed.
+    pub async fn pass_nodes(&mut self, caches: &Caches, now: Timestamp) -> PassReport {
+        let mut report = PassReport::default();
+        self.metrics.passes.inc();
+        let done = match self.nodes_pass(caches, now, &mut report).await {
+            Ok(node_states) => {
+                let changed: HashSet<&String> = node_states
+                    .iter()
+                    .filter(|(node, state)| self.node_states.get(*node) != Some(*state))
+                    .map(|(node, _)| node)
+                    .chain(
+                        self.node_states
+                            .keys()
+                            .filter(|node| !node_states.contains_key(*node)),
+                    )
+                    .collect();
+                let opted_in = caches.namespaces.names();
+                let everyone = opted_in != self.opted_in;
+                let mut pods = caches.pods.take_dirty();
+                if everyone || !changed.is_empty() {
+                    let dirty: HashSet<(String, String)> = pods
+                        .iter()
+                        .map(|pod| (pod.namespace.clone(), pod.name.clone()))
+                        .collect();
+                    pods.extend(caches.pods.snapshot().into_iter().filter(|pod| {
+                        (everyone || pod.node.as_ref().is_some_and(|node| changed.contains(node)))
+                            && !dirty.contains(&(pod.namespace.clone(), pod.name.clone()))
+                    }));
+                    pods::sort(&mut pods);
+                }
+                self.node_states = node_states;
+                self.opted_in = opted_in.clone();
+                self.pods_pass(pods, &opted_in, now, &mut report).await
+            }
+            Err(stop) => Err(stop),
+        };
+        report.stopped = done.is_err();
+        report
+    }
+
+    /// After pod events: only the device pods that changed, against the node states of the
+    /// last node pass.
+    pub async fn pass_pods(&mut self, caches: &Caches, now: Timestamp) -> PassReport {
+        let mut report = PassReport::default();
+        let pods = caches.pods.take_dirty();
+        if pods.is_empty() {
+            return report;
+        }
+        let opted_in = caches.namespaces.names();
+        report.stopped = self
+            .pods_pass(pods, &opted_in, now, &mut report)
+            .await
+            .is_err();
+        report
+    }
+
+    /// Standing by: judges every node and keeps its history, changing nothing, so that the
+    /// clocks run on when this replica becomes the leader ([`Reconciler::new_term`]).
+    pub fn observe(&mut self, caches: &Caches, now: Timestamp) {
+        for (node, verdict) in self.judge_nodes(caches, now).0 {
+            if let Some(name) = node.metadata.name.clone() {
+                self.histories.insert(name, verdict.history);
+            }
+        }
     }
 
     /// What became of a write: `Ok(Some(answer))` when it was made; `Ok(None)` when it failed

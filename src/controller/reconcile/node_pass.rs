@@ -26,15 +26,14 @@ use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
 const NODE_PATCH_ATTEMPTS: usize = 3;
 
 impl Reconciler {
-    /// Judges and acts on every node of the caches, at `now`. Returns, by node name, the
-    /// degraded resources of the nodes holding gpu-guard's taint; `Err(Stop)` when leadership
-    /// ran out (the gauges are then left as they were).
-    pub(super) async fn nodes_pass(
+    /// Judges every node of the caches at `now` against its history, forgets the histories of
+    /// nodes that are gone, and returns the verdicts (sorted by name) and how many are GPU
+    /// nodes. Changes nothing.
+    pub(super) fn judge_nodes(
         &mut self,
         caches: &Caches,
         now: Timestamp,
-        report: &mut PassReport,
-    ) -> Result<HashMap<String, NodeState>, Stop> {
+    ) -> (Vec<(Arc<Node>, NodeVerdict)>, usize) {
         let mut nodes = caches.nodes.state();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
@@ -48,28 +47,26 @@ impl Reconciler {
             }
         }
         for node in nodes {
-            let Some(name) = node.metadata.name.clone() else {
+            let Some(name) = node.metadata.name.as_deref() else {
                 continue;
             };
-            let history = self.histories.get(&name).cloned().unwrap_or_default();
+            let history = self.histories.get(name).cloned().unwrap_or_default();
             let dra = node::dra_device_counts(
-                &name,
-                slices_by_node
-                    .get(name.as_str())
-                    .into_iter()
-                    .flatten()
-                    .copied(),
+                name,
+                slices_by_node.get(name).into_iter().flatten().copied(),
                 &self.policy,
             );
             let verdict = node_verdict_with(&node, dra, &self.policy, now, &history);
             verdicts.push((node, verdict));
         }
-        let present: HashSet<String> = verdicts
+        let present: HashSet<&str> = verdicts
             .iter()
-            .filter_map(|(node, _)| node.metadata.name.clone())
+            .filter_map(|(node, _)| node.metadata.name.as_deref())
             .collect();
-        self.histories.retain(|name, _| present.contains(name));
-        self.valve_reported.retain(|name| present.contains(name));
+        self.histories
+            .retain(|name, _| present.contains(name.as_str()));
+        self.valve_reported
+            .retain(|name| present.contains(name.as_str()));
 
         let gpu_nodes = verdicts.iter().filter(|(_, v)| v.is_gpu_node()).count();
         if !self.dra_hint_logged {
@@ -80,6 +77,19 @@ impl Reconciler {
                 tracing::warn!("{hint}");
             }
         }
+        (verdicts, gpu_nodes)
+    }
+
+    /// Judges and acts on every node of the caches, at `now`. Returns, by node name, the
+    /// degraded resources of the nodes holding gpu-guard's taint; `Err(Stop)` when leadership
+    /// ran out (the gauges are then left as they were).
+    pub(super) async fn nodes_pass(
+        &mut self,
+        caches: &Caches,
+        now: Timestamp,
+        report: &mut PassReport,
+    ) -> Result<HashMap<String, NodeState>, Stop> {
+        let (verdicts, gpu_nodes) = self.judge_nodes(caches, now);
         let mut tainted = verdicts
             .iter()
             .filter(|(node, verdict)| {

@@ -1,81 +1,51 @@
-//! The pod half of a pass: judge every cached pod of an opted-in namespace ([`pod_verdict`])
-//! against the node states the node half found, and apply the decisions: add the
-//! `gpu-guard.io/DeviceFailure` condition, evict (through the token bucket, each refused pod
-//! backing off on its own).
+//! The pod half of a pass: judge device pods of the opted-in namespaces ([`verdict`]) against
+//! the node states of the last node pass, and apply the decisions: add the
+//! `gpu-guard.io/DeviceFailure` condition (through the [`super::marker::Marker`]), evict
+//! (through the token bucket, each refused pod backing off on its own).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PostParams};
+use kube::api::PostParams;
 use kube::runtime::events::EventType;
 
-use super::events::{REASON_EVICTED, REASON_MARKED, pod_ref};
+use super::events::REASON_EVICTED;
 use super::throttle::Backoff;
-use super::{Caches, PassReport, Reconciler, Stop, Write, WriteError};
-use crate::controller::pod::{self, Action, Cause, NodeState, pod_verdict};
-use crate::wellknown::{DEVICE_FAILURE_CONDITION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL};
+use super::{PassReport, Reconciler, Stop, Write, WriteError};
+use crate::controller::pod::{Action, Cause, PodFacts, verdict};
 
 impl Reconciler {
-    /// Judges and acts on every pod of the opted-in namespaces, at `now`. `Err(Stop)` when
-    /// leadership ran out.
+    /// Judges and acts on `pods` (device pods' facts, sorted) of the `opted_in` namespaces, at
+    /// `now`, against the node states of the last node pass. `Err(Stop)` when leadership ran
+    /// out.
     pub(super) async fn pods_pass(
         &mut self,
-        caches: &Caches,
-        node_states: &HashMap<String, NodeState>,
+        pods: Vec<Arc<PodFacts>>,
+        opted_in: &HashSet<String>,
         now: Timestamp,
         report: &mut PassReport,
     ) -> Result<(), Stop> {
-        let opted_in: HashSet<String> = caches
-            .namespaces
-            .state()
-            .iter()
-            .filter(|ns| {
-                ns.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|labels| labels.get(NAMESPACE_OPT_IN_LABEL))
-                    .is_some_and(|value| value == "true")
-            })
-            .filter_map(|ns| ns.metadata.name.clone())
-            .collect();
-        let mut pods = caches.pods.state();
-        pods.sort_by(|a, b| {
-            (&a.metadata.namespace, &a.metadata.name)
-                .cmp(&(&b.metadata.namespace, &b.metadata.name))
-        });
-        let uids: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        self.marked.retain(|uid| uids.contains(uid));
-        self.evicted.retain(|uid| uids.contains(uid));
-        self.backoff.retain(|uid, _| uids.contains(uid));
-
         for pod in pods {
-            let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
-            else {
-                continue;
-            };
-            if !opted_in.contains(namespace) {
+            if !opted_in.contains(&pod.namespace) {
                 continue;
             }
             let node_state = pod
-                .spec
+                .node
                 .as_ref()
-                .and_then(|spec| spec.node_name.as_ref())
-                .and_then(|node| node_states.get(node));
-            let Action::Act { cause, mark, evict } = pod_verdict(&pod, node_state, &self.policy)
-            else {
+                .and_then(|node| self.node_states.get(node));
+            let Action::Act { cause, mark, evict } = verdict(&pod, node_state, &self.policy) else {
                 continue;
             };
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let id = format!("{namespace}/{name}");
-            if mark && !self.marked.contains(&uid) {
-                let marked = self.mark(&pod, &cause, now).await;
-                if self.settle(Write::Mark(&id), marked, report)?.is_some() {
-                    self.marked.insert(uid.clone());
-                    self.metrics.pods_marked.inc();
+            let uid = pod.uid.clone();
+            let id = pod.id();
+            if mark {
+                let marked = self.marker.mark(&pod, &cause, now).await;
+                if self.settle(Write::Mark(&id), marked, report)? == Some(true) {
                     report.marked.push(id.clone());
                 }
             }
@@ -131,51 +101,22 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Adds the `gpu-guard.io/DeviceFailure` condition to the pod's status (a strategic merge
-    /// patch: the API server merges conditions by type), and reports it in an Event.
-    async fn mark(&self, pod: &Pod, cause: &Cause, now: Timestamp) -> Result<(), WriteError> {
-        self.ensure_leading()?;
-        let (namespace, name) = pod_names(pod);
-        let note = cause.message();
-        // In a dry run too, with dryRun=All: checked by the API server, not stored.
-        let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
-        api.patch_status(
-            &name,
-            &self.patch_params(),
-            &Patch::Strategic(pod::condition_patch(cause, now)),
-        )
-        .await?;
-        if self.dry_run() {
-            tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
-                "dry run: would add the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
-        } else {
-            tracing::info!(pod = %format!("{namespace}/{name}"), reason = cause.reason(),
-                "added the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
-        }
-        let prefix = if self.dry_run() {
-            "dry run: would mark: "
-        } else {
-            ""
-        };
-        self.event(
-            &pod_ref(pod),
-            EventType::Warning,
-            REASON_MARKED,
-            "Mark",
-            format!("{prefix}{note}"),
-        )
-        .await;
-        Ok(())
+    /// Forgets what was remembered of pods that are gone: `present` are every cached pod.
+    pub(super) fn forget_pods_gone(&mut self, present: &[Arc<PodFacts>]) {
+        let uids: HashSet<&str> = present.iter().map(|pod| pod.uid.as_str()).collect();
+        self.marker.retain(&uids);
+        self.evicted.retain(|uid| uids.contains(uid.as_str()));
+        self.backoff.retain(|uid, _| uids.contains(uid.as_str()));
     }
 
     /// Evicts the pod, or says why it was not: a 429 answer is a PodDisruptionBudget's refusal
     /// or the API server's throttling ([`eviction_refusal`]).
-    async fn evict(&self, pod: &Pod, cause: &Cause) -> Result<Evicted, WriteError> {
+    async fn evict(&self, pod: &PodFacts, cause: &Cause) -> Result<Evicted, WriteError> {
         self.ensure_leading()?;
-        let (namespace, name) = pod_names(pod);
-        let id = format!("{namespace}/{name}");
+        let (namespace, name) = (&pod.namespace, &pod.name);
+        let id = pod.id();
         let note = {
-            let api = Api::<Pod>::namespaced(self.client.clone(), &namespace);
+            let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
             let eviction = Eviction {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
@@ -192,7 +133,7 @@ impl Reconciler {
             };
             match api
                 .create_subresource::<Eviction, kube::core::Status>(
-                    "eviction", &name, &params, &eviction,
+                    "eviction", name, &params, &eviction,
                 )
                 .await
             {
@@ -217,7 +158,7 @@ impl Reconciler {
         };
         tracing::info!(pod = %id, "{note}");
         self.event(
-            &pod_ref(pod),
+            &pod.object_ref(),
             EventType::Warning,
             REASON_EVICTED,
             "Evict",
@@ -258,13 +199,6 @@ fn eviction_refusal(status: &kube::core::Status) -> Evicted {
     } else {
         Evicted::Throttled
     }
-}
-
-fn pod_names(pod: &Pod) -> (String, String) {
-    (
-        pod.metadata.namespace.clone().unwrap_or_default(),
-        pod.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 #[cfg(test)]

@@ -29,6 +29,16 @@ impl TokenBucket {
         }
     }
 
+    /// A bucket with no token at `now`, filling at `per_minute` from then: what a new leader
+    /// starts with, so a change of leader adds no burst to the previous leader's.
+    pub fn empty(per_minute: u32, now: Timestamp) -> Self {
+        Self {
+            tokens: 0.0,
+            last: Some(now),
+            ..Self::per_minute(per_minute)
+        }
+    }
+
     /// Takes a token if one is there at `now`.
     pub fn take(&mut self, now: Timestamp) -> bool {
         if let Some(last) = self.last {
@@ -89,6 +99,20 @@ mod tests {
         bucket.refund();
         assert!(bucket.take(at(1)));
         assert!(!bucket.take(at(1)), "a refund never exceeds the capacity");
+    }
+
+    #[test]
+    fn a_new_leaders_bucket_starts_empty_and_fills_at_the_rate() {
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        // 6 a minute: one token every 10 s, none at the start of the term.
+        let mut bucket = TokenBucket::empty(6, at(0));
+        assert!(!bucket.take(at(0)));
+        assert!(!bucket.take(at(9)));
+        assert!(bucket.take(at(12)));
+        assert!(!bucket.take(at(13)));
+        // A minute later it is full again, never more.
+        let taken = (0..10).filter(|_| bucket.take(at(200))).count();
+        assert_eq!(taken, 6);
     }
 
     #[test]

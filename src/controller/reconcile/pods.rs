@@ -76,7 +76,7 @@ impl PodCache {
         crate::cluster::reflector::follow(
             "controller cache",
             "pods",
-            Api::<Pod>::all(client.clone()),
+            Api::<WatchedPod>::all(client.clone()),
             watcher::Config::default().fields(POD_FIELD_SELECTOR),
             move |event| filler.apply(event),
             tasks,
@@ -182,10 +182,10 @@ struct Filler {
 }
 
 impl Filler {
-    fn apply(&mut self, event: watcher::Event<Pod>) {
+    fn apply(&mut self, event: watcher::Event<WatchedPod>) {
         match event {
             watcher::Event::Init => self.relisted = Some(HashSet::new()),
-            watcher::Event::InitApply(pod) => {
+            watcher::Event::InitApply(WatchedPod(pod)) => {
                 let key = self.upsert(&pod);
                 if let (Some(relisted), Some(key)) = (&mut self.relisted, key) {
                     relisted.insert(key);
@@ -198,10 +198,10 @@ impl Filler {
                 }
                 self.cache.shared.ready.send_replace(true);
             }
-            watcher::Event::Apply(pod) => {
+            watcher::Event::Apply(WatchedPod(pod)) => {
                 self.upsert(&pod);
             }
-            watcher::Event::Delete(pod) => {
+            watcher::Event::Delete(WatchedPod(pod)) => {
                 if let Some(key) = key_of(&pod) {
                     self.cache.write().remove(&key);
                 }
@@ -243,4 +243,303 @@ impl Filler {
 
 fn key_of(pod: &Pod) -> Option<PodKey> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+/// A Pod as the pod watch reads it: only the fields [`PodFacts::of`] reads are parsed, the rest
+/// of each object (managedFields, env, volumes, probes, images, ...) is skipped by serde without
+/// being allocated. Every pod of the cluster passes through here, on each list and each
+/// change, so this is most of the controller's CPU at start and under churn.
+#[derive(Clone, Debug)]
+pub struct WatchedPod(pub Pod);
+
+impl kube::Resource for WatchedPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Pod".into()
+    }
+
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "pods".into()
+    }
+
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.0.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.0.metadata
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for WatchedPod {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        watched::Pod::deserialize(deserializer).map(|pod| WatchedPod(pod.into()))
+    }
+}
+
+/// The parts of a Pod the controller reads, with the API's field names; everything else is
+/// ignored at parse.
+mod watched {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1 as core;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub struct Pod {
+        #[serde(default)]
+        metadata: Metadata,
+        spec: Option<Spec>,
+        status: Option<Status>,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Metadata {
+        name: Option<String>,
+        namespace: Option<String>,
+        uid: Option<String>,
+        /// The watch resumes from the last object's resourceVersion.
+        resource_version: Option<String>,
+        deletion_timestamp: Option<Time>,
+        owner_references: Option<Vec<OwnerReference>>,
+        annotations: Option<BTreeMap<String, String>>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Spec {
+        node_name: Option<String>,
+        tolerations: Option<Vec<core::Toleration>>,
+        #[serde(default)]
+        containers: Vec<Container>,
+        init_containers: Option<Vec<Container>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Container {
+        #[serde(default)]
+        name: String,
+        resources: Option<core::ResourceRequirements>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Status {
+        phase: Option<String>,
+        conditions: Option<Vec<core::PodCondition>>,
+        container_statuses: Option<Vec<ContainerStatus>>,
+        init_container_statuses: Option<Vec<ContainerStatus>>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ContainerStatus {
+        #[serde(default)]
+        name: String,
+        allocated_resources_status: Option<Vec<core::ResourceStatus>>,
+    }
+
+    impl From<Pod> for core::Pod {
+        fn from(pod: Pod) -> core::Pod {
+            let Metadata {
+                name,
+                namespace,
+                uid,
+                resource_version,
+                deletion_timestamp,
+                owner_references,
+                annotations,
+            } = pod.metadata;
+            let containers = |containers: Vec<Container>| {
+                containers
+                    .into_iter()
+                    .map(|c| core::Container {
+                        name: c.name,
+                        resources: c.resources,
+                        ..core::Container::default()
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let statuses = |statuses: Vec<ContainerStatus>| {
+                statuses
+                    .into_iter()
+                    .map(|s| core::ContainerStatus {
+                        name: s.name,
+                        allocated_resources_status: s.allocated_resources_status,
+                        ..core::ContainerStatus::default()
+                    })
+                    .collect::<Vec<_>>()
+            };
+            core::Pod {
+                metadata: ObjectMeta {
+                    name,
+                    namespace,
+                    uid,
+                    resource_version,
+                    deletion_timestamp,
+                    owner_references,
+                    annotations,
+                    ..ObjectMeta::default()
+                },
+                spec: pod.spec.map(|spec| core::PodSpec {
+                    node_name: spec.node_name,
+                    tolerations: spec.tolerations,
+                    containers: containers(spec.containers),
+                    init_containers: spec.init_containers.map(containers),
+                    ..core::PodSpec::default()
+                }),
+                status: pod.status.map(|status| core::PodStatus {
+                    phase: status.phase,
+                    conditions: status.conditions,
+                    container_statuses: status.container_statuses.map(statuses),
+                    init_container_statuses: status.init_container_statuses.map(statuses),
+                    ..core::PodStatus::default()
+                }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// A running GPU pod as `kubectl get pod -o json` shows it, with everything the controller
+    /// does not read (managedFields, env, volumes, probes, images, ...).
+    fn realistic_pod() -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "train-worker-3", "namespace": "ml", "uid": "7d1c6b0e-3c1f-4f57-9d0a-0c8e2a1b9f11",
+                "resourceVersion": "918273", "generation": 1,
+                "creationTimestamp": "2026-11-30T10:00:00Z",
+                "labels": {"batch.kubernetes.io/job-name": "train", "batch.kubernetes.io/controller-uid": "c0ffee"},
+                "annotations": {"kubernetes.io/config.mirror": "abc", "cni.projectcalico.org/podIP": "10.1.2.3/32"},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                                     "uid": "c0ffee", "controller": true, "blockOwnerDeletion": true}],
+                "finalizers": ["batch.kubernetes.io/job-tracking"],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                                   "apiVersion": "v1", "time": "2026-11-30T10:00:00Z",
+                                   "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:job-name": {}}}}}]
+            },
+            "spec": {
+                "nodeName": "gpu-7", "restartPolicy": "Never", "schedulerName": "default-scheduler",
+                "tolerations": [
+                    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "initContainers": [{"name": "fetch", "image": "busybox", "resources": {"requests": {"cpu": "100m"}}}],
+                "containers": [{
+                    "name": "trainer", "image": "nvcr.io/nvidia/pytorch:24.10-py3",
+                    "command": ["torchrun"], "args": ["--nnodes=4", "train.py"],
+                    "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "8", "memory": "512Gi"},
+                                  "requests": {"nvidia.com/gpu": "8", "cpu": "32"}},
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "readinessProbe": {"exec": {"command": ["true"]}}
+                }],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+            },
+            "status": {
+                "phase": "Running", "hostIP": "10.0.0.7", "podIP": "10.1.2.3",
+                "startTime": "2026-11-30T10:00:05Z", "qosClass": "Burstable",
+                "conditions": [
+                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-30T10:01:00Z"},
+                    {"type": "gpu-guard.io/DeviceFailure", "status": "True", "reason": "UnhealthyDevice",
+                     "lastTransitionTime": "2026-11-30T11:00:00Z"}
+                ],
+                "initContainerStatuses": [{"name": "fetch", "image": "busybox", "imageID": "sha256:1",
+                    "ready": true, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}],
+                "containerStatuses": [{
+                    "name": "trainer", "image": "nvcr.io/nvidia/pytorch:24.10-py3",
+                    "imageID": "sha256:2", "containerID": "containerd://3", "ready": true,
+                    "restartCount": 0, "started": true,
+                    "state": {"running": {"startedAt": "2026-11-30T10:00:30Z"}},
+                    "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [
+                        {"resourceID": "GPU-aaaa", "health": "Healthy"},
+                        {"resourceID": "GPU-bbbb", "health": "Unhealthy"}]}]
+                }]
+            }
+        })
+    }
+
+    /// The facts of every variation of the pod, read through [`WatchedPod`], equal those of the
+    /// whole Pod: the watch parses every field the decisions read.
+    #[test]
+    fn the_watched_pod_yields_the_same_facts_as_the_whole_pod() {
+        let policy = Policy::default();
+        let mut variations = vec![realistic_pod()];
+        let mut deleting = realistic_pod();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-11-30T12:00:00Z");
+        variations.push(deleting);
+        let mut healthy = realistic_pod();
+        healthy["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][1]
+            ["health"] = json!("Healthy");
+        healthy["status"]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
+        variations.push(healthy);
+        let mut claim = realistic_pod();
+        claim["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpus"}]});
+        claim["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = json!([
+            {"name": "claim:gpus", "resources": [
+                {"resourceID": "k8s.gpu.nvidia.com/device=gpu-3", "health": "Unhealthy"}]}]);
+        variations.push(claim);
+        let mut bare = realistic_pod();
+        bare["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ownerReferences");
+        bare["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+        bare["status"]["phase"] = json!("Failed");
+        variations.push(bare);
+        let mut init_gpu = realistic_pod();
+        init_gpu["spec"]["initContainers"][0]["resources"] =
+            json!({"limits": {"amd.com/gpu": "1"}});
+        variations.push(init_gpu);
+
+        for (index, json) in variations.into_iter().enumerate() {
+            let whole: Pod = serde_json::from_value(json.clone()).expect("a Pod");
+            let watched: WatchedPod = serde_json::from_value(json).expect("a watched Pod");
+            let facts = PodFacts::of(&watched.0, &policy);
+            assert_eq!(facts, PodFacts::of(&whole, &policy), "variation {index}");
+            assert_eq!(
+                kube::ResourceExt::resource_version(&watched).as_deref(),
+                Some("918273"),
+                "the watch resumes from it"
+            );
+        }
+        // The facts themselves, for the first: a device pod, hit, marked already.
+        let pod: WatchedPod = serde_json::from_value(realistic_pod()).expect("a watched Pod");
+        let facts = PodFacts::of(&pod.0, &policy);
+        assert!(facts.is_device_pod() && facts.marked && facts.unhealthy.is_some());
+        assert!(!facts.recreated_elsewhere, "a mirror pod");
+        assert_eq!(facts.node.as_deref(), Some("gpu-7"));
+    }
+
+    #[test]
+    fn a_watched_pod_is_a_pod_to_the_api() {
+        use kube::Resource;
+        assert_eq!(WatchedPod::url_path(&(), None), "/api/v1/pods");
+        assert_eq!(WatchedPod::kind(&()), "Pod");
+    }
 }

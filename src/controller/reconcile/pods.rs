@@ -216,7 +216,10 @@ impl Filler {
         let key = key_of(pod)?;
         let facts = PodFacts::of(pod, &self.policy);
         if !facts.is_device_pod() {
-            self.cache.write().remove(&key);
+            // Most pods: a read lock only (a device pod that stopped being one is removed).
+            if self.cache.read().contains_key(&key) {
+                self.cache.write().remove(&key);
+            }
             return Some(key);
         }
         let facts = Arc::new(facts);

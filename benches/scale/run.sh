@@ -170,6 +170,8 @@ measure() {
 }
 
 echo "results and logs: $OUT"
+echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "gpu-guard on CPU $GUARD_CPU, stand-in on CPU $STANDIN_CPU; settle ${SETTLE_SECONDS} s, quiet ${QUIET_SECONDS} s, churn $CHURN pods/s for ${CHURN_SECONDS} s"
 for nodes in $SIZES; do
     pods=$((nodes * (GPU_PODS_PER_NODE + OTHER_PODS_PER_NODE)))
     taskset -c "$STANDIN_CPU" "$STANDIN" --listen "127.0.0.1:$STANDIN_PORT" --nodes "$nodes" \

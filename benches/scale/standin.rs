@@ -100,6 +100,8 @@ enum Var {
     Uid,
     Rv,
     Restarts,
+    /// A PriorityClass's value.
+    Value,
     Owner,
     OwnerUid,
     PodIp,
@@ -117,6 +119,7 @@ impl Var {
             "UID" => Var::Uid,
             "RV" => Var::Rv,
             "RESTARTS" => Var::Restarts,
+            "VALUE" => Var::Value,
             "OWNER" => Var::Owner,
             "OWNERUID" => Var::OwnerUid,
             "PODIP" => Var::PodIp,
@@ -346,7 +349,7 @@ impl Cluster {
                     (true, "app.kubernetes.io/name") => Some("trainer".into()),
                     (true, "batch.kubernetes.io/job-name" | "job-name") => Some(owner),
                     (true, "batch.kubernetes.io/controller-uid" | "controller-uid") => {
-                        Some(uid(9, pod.node))
+                        Some(owner_uid(index, true))
                     }
                     (false, "app") => Some(owner),
                     (false, "pod-template-hash") => Some("7d4b9c8f5d".into()),
@@ -410,7 +413,7 @@ impl Cluster {
                     Var::Name => out.push_str(name),
                     Var::Uid => out.push_str(&uid(4, index)),
                     Var::Rv => push_number(out, BASE_RV),
-                    Var::Restarts => {
+                    Var::Value => {
                         let _ = write!(out, "{value}");
                     }
                     _ => {}
@@ -435,7 +438,7 @@ impl Cluster {
             Var::Rv => push_number(out, state.rv),
             Var::Restarts => push_number(out, state.restarts),
             Var::Owner => out.push_str(&owner_name(index, pod.gpu)),
-            Var::OwnerUid => out.push_str(&uid(if pod.gpu { 9 } else { 8 }, pod.node)),
+            Var::OwnerUid => out.push_str(&owner_uid(index, pod.gpu)),
             Var::PodIp => push_ip(out, 128, index),
             Var::HostIp => push_ip(out, 0, pod.node),
             Var::Gpu => {
@@ -449,13 +452,14 @@ impl Cluster {
             Var::Container => {
                 let _ = write!(out, "{:016x}{:048x}", index, index * 7919);
             }
+            Var::Value => {}
         });
     }
 
-    fn kind_of(&self, index_of_kind: Kind) -> (&'static str, &'static str) {
+    fn kind_of(&self, kind: Kind) -> (&'static str, &'static str) {
         KINDS
             .iter()
-            .find(|k| k.0 == index_of_kind)
+            .find(|k| k.0 == kind)
             .map_or(("", ""), |k| (k.2, k.3))
     }
 }
@@ -491,12 +495,18 @@ fn pod_name(index: usize, gpu: bool) -> String {
     )
 }
 
+/// Pods belong to owners (a Job for GPU pods, a ReplicaSet for the others) in blocks of 64
+/// consecutive indexes, so a Job spans a few nodes.
 fn owner_name(index: usize, gpu: bool) -> String {
     if gpu {
         format!("train-job-{:05}", index / 64)
     } else {
         format!("web-{:05}-7d4b9c8f5d", index / 64)
     }
+}
+
+fn owner_uid(index: usize, gpu: bool) -> String {
+    uid(if gpu { 9 } else { 8 }, index / 64)
 }
 
 fn uid(tag: u32, index: usize) -> String {
@@ -1280,19 +1290,24 @@ fn node_template() -> Template {
     Template::new(&value)
 }
 
+/// The metadata of a cluster-scoped object made when the cluster was.
+fn cluster_object_metadata() -> Value {
+    json!({
+        "name": "@@NAME@@",
+        "uid": "@@UID@@",
+        "resourceVersion": "@@RV@@",
+        "creationTimestamp": "2026-11-29T22:00:00Z",
+    })
+}
+
 fn namespace_template(enabled: bool) -> Template {
-    let mut labels = json!({"kubernetes.io/metadata.name": "@@NAME@@"});
+    let mut metadata = cluster_object_metadata();
+    metadata["labels"] = json!({"kubernetes.io/metadata.name": "@@NAME@@"});
     if enabled {
-        labels["gpu-guard.io/enabled"] = json!("true");
+        metadata["labels"]["gpu-guard.io/enabled"] = json!("true");
     }
     Template::new(&json!({
-        "metadata": {
-            "name": "@@NAME@@",
-            "uid": "@@UID@@",
-            "resourceVersion": "@@RV@@",
-            "creationTimestamp": "2026-11-29T22:00:00Z",
-            "labels": labels,
-        },
+        "metadata": metadata,
         "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Active"},
     }))
@@ -1300,13 +1315,8 @@ fn namespace_template(enabled: bool) -> Template {
 
 fn priority_class_template() -> Template {
     Template::new(&json!({
-        "metadata": {
-            "name": "@@NAME@@",
-            "uid": "@@UID@@",
-            "resourceVersion": "@@RV@@",
-            "creationTimestamp": "2026-11-29T22:00:00Z",
-        },
-        "value": "##RESTARTS##",
+        "metadata": cluster_object_metadata(),
+        "value": "##VALUE##",
         "globalDefault": false,
         "preemptionPolicy": "PreemptLowerPriority",
     }))

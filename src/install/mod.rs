@@ -532,9 +532,9 @@ pub fn controller(options: &Options) -> Vec<File> {
             ..ContainerPort::default()
         }]),
         // From the scale benchmark (benches/scale, docs/controller.md): at 5,000 nodes and
-        // 150,000 pods (40,000 of them GPU pods) the controller holds 115 MiB steady and peaks
-        // at 149 MiB while it lists. The request covers that steady size; the limit leaves
-        // 2.5 times the peak.
+        // 150,000 pods (40,000 of them GPU pods) the controller holds 120 MiB steady and peaks
+        // at 157 MiB while it lists. The request covers that steady size; the limit leaves
+        // about 2.4 times the peak.
         resources: Some(ResourceRequirements {
             requests: Some(quantities(&[("cpu", "50m"), ("memory", "128Mi")])),
             limits: Some(quantities(&[("cpu", "500m"), ("memory", "384Mi")])),

@@ -1,9 +1,10 @@
 //! The node health controller and device-failure pod watcher (`gpu-guard controller`).
 //!
 //! The decisions are pure functions, table-tested: [`node::node_verdict`] (is a GPU node
-//! degraded, should gpu-guard's taint be added or removed) and [`pod::pod_verdict`] (was a pod
-//! hit by a device failure: mark it, evict it). The [`reconcile::Reconciler`] only applies them,
-//! from caches of Nodes, Pods and opted-in Namespaces, on a timer and after watch events.
+//! degraded, should gpu-guard's taint be added or removed) and [`pod::verdict`] (was a pod hit
+//! by a device failure: mark it, evict it). The [`reconcile::Reconciler`] only applies them,
+//! from caches of Nodes, device pods' facts and opted-in Namespaces, on a timer and after watch
+//! events; a pod to mark is marked from its own watch event ([`reconcile::marker`]).
 //!
 //! Only one replica acts at a time: the holder of a `coordination.k8s.io/v1` Lease
 //! ([`lease`]). The others keep their caches warm and are ready, but change nothing.

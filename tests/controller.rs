@@ -274,6 +274,7 @@ async fn a_pod_is_marked_from_its_watch_event_while_a_node_write_hangs() {
     fake.put(NODES, gpu_node("gpu-2", 8, 8));
     fake.put(NAMESPACES, namespace("ml", true));
     fake.put(PODS, pod("ml", "train-0", "gpu-2", true, false));
+    fake.put(PODS, pod("ml", "cpu-0", "gpu-2", false, false));
     fake.lock().node_patch_delay = Some(Duration::from_secs(4));
     let policy = policy(|p| {
         p.controller.node_health.degraded_for_seconds = 0;
@@ -313,6 +314,11 @@ async fn a_pod_is_marked_from_its_watch_event_while_a_node_write_hangs() {
         patch.body["status"]["conditions"][0]["reason"],
         "UnhealthyDevice"
     );
+    // The one GPU pod is cached and counted (once the held pass is over); the CPU pod is not.
+    eventually("one device pod counted", || {
+        running.metrics.device_pods.get() == 1
+    })
+    .await;
     running.shutdown().await;
 }
 

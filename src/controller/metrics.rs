@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 15] = [
+pub const METRIC_NAMES: [(&str, &str); 16] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
@@ -24,6 +24,7 @@ pub const METRIC_NAMES: [(&str, &str); 15] = [
     ("gpu_guard_controller_dry_run", "gauge"),
     ("gpu_guard_controller_caches_synced", "gauge"),
     ("gpu_guard_controller_daemonsets_not_tolerating", "gauge"),
+    ("gpu_guard_controller_device_pods", "gauge"),
 ];
 
 /// Every metric the controller exports.
@@ -47,6 +48,8 @@ pub struct ControllerMetrics {
     /// GPU DaemonSets that do not tolerate gpu-guard's taint, as listed at start (-1: the list
     /// failed).
     pub daemonsets_not_tolerating: Gauge,
+    /// Device pods in the pod cache (what the controller's memory grows with).
+    pub device_pods: Gauge,
 }
 
 impl Default for ControllerMetrics {
@@ -113,7 +116,7 @@ impl Default for ControllerMetrics {
             passes: register!(
                 Counter::default(),
                 "controller_passes",
-                "Reconcile passes over nodes and pods"
+                "Reconcile passes over the nodes (full passes and passes after node events; passes over changed pods alone are not counted)"
             ),
             leader: register!(
                 Gauge::default(),
@@ -128,12 +131,17 @@ impl Default for ControllerMetrics {
             caches_synced: register!(
                 Gauge::default(),
                 "controller_caches_synced",
-                "1 once the Node, Pod and Namespace caches have listed"
+                "1 once the Node, Pod, Namespace and ResourceSlice caches have listed"
             ),
             daemonsets_not_tolerating: register!(
                 Gauge::default(),
                 "controller_daemonsets_not_tolerating",
                 "GPU DaemonSets (device plugin, DCGM exporter, driver) whose pod template does not tolerate gpu-guard's taint, listed at start (-1: could not list)"
+            ),
+            device_pods: register!(
+                Gauge::default(),
+                "controller_device_pods",
+                "Pods that use a device, held in the controller's pod cache (other pods are not kept)"
             ),
             registry,
         }

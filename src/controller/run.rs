@@ -405,6 +405,10 @@ async fn reconcile_loop(
         } else {
             reconciler.observe(&caches, Timestamp::now());
         }
+        state
+            .metrics
+            .device_pods
+            .set(i64::try_from(caches.pods.len()).unwrap_or(i64::MAX));
         let (next, debounce) = tokio::select! {
             _ = stop.wait_for(|stop| *stop) => return,
             () = tokio::time::sleep_until(next_full.into()) => (Work::Full, false),

@@ -435,3 +435,38 @@ async fn a_pod_event_is_judged_on_its_own_without_a_full_pass() {
     assert_eq!(report, PassReport::default());
     assert!(world.fake.writes().is_empty());
 }
+
+#[tokio::test]
+async fn a_node_pass_judges_the_pods_of_a_node_that_changed_state_and_of_a_namespace_that_opted_in()
+{
+    let mut world = World::start(policy(|_| {}), pod_world()).await;
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/sick"]);
+    world.pod_cached("sick", |pod| pod.marked).await;
+    // t=120, after a node event: gpu-1 is tainted, and the pod on it is marked although the pod
+    // itself did not change.
+    let report = world
+        .reconciler
+        .pass_nodes(&world.caches, support::controller::at(120))
+        .await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert_eq!(report.marked, ["ml/on-degraded"]);
+    // Namespace `other` opts in: its pod, unchanged since it was listed, is judged too.
+    world.fake.put(NAMESPACES, namespace("other", true));
+    eventually("other opted in", || {
+        world.caches.namespaces.contains("other")
+    })
+    .await;
+    let report = world
+        .reconciler
+        .pass_nodes(&world.caches, support::controller::at(130))
+        .await;
+    assert_eq!(report.marked, ["other/sick-elsewhere"]);
+    // Nothing changed since: a node pass marks nothing more.
+    world.pod_cached("sick-elsewhere", |pod| pod.marked).await;
+    let report = world
+        .reconciler
+        .pass_nodes(&world.caches, support::controller::at(140))
+        .await;
+    assert!(report.marked.is_empty(), "{report:?}");
+}

@@ -26,37 +26,184 @@ pub enum LogFormat {
     Text,
 }
 
-/// Log lines queued for the writer thread before new ones are dropped: a second of requests at
-/// 2,000 a second, about 1 MB of lines at most; the queue's slots (allocated up front) stay
-/// small beside the server's footprint.
-const LOG_QUEUE_LINES: usize = 2_048;
+/// Bytes of log lines held for the writer thread before new lines are dropped: about 3,700
+/// text lines (a second of requests at 2,000 a second, with room to spare) when stderr stalls.
+const LOG_QUEUE_BYTES: usize = 1 << 20;
 
-/// The writer thread's count of lines dropped while its queue was full.
-static DROPPED_LOG_LINES: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
-    std::sync::OnceLock::new();
+/// Queued bytes at which the writer is woken before its window ends, so that under load a
+/// batch stays near this size (the buffers' share of peak memory) rather than filling the queue.
+const LOG_BATCH_BYTES: usize = 64 << 10;
+
+/// How long the writer thread gathers lines after the first one before writing them out. One
+/// wake-up and one write a batch instead of one a line: at 200 requests a second, a wake-up of
+/// the writer per request was a context switch per request more than a server without logs.
+const LOG_BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Lines waiting for the writer thread, shared with every [`LogQueueWriter`].
+#[derive(Debug, Default)]
+struct LogQueue {
+    lines: std::sync::Mutex<Vec<u8>>,
+    dropped: std::sync::atomic::AtomicU64,
+    closing: std::sync::atomic::AtomicBool,
+}
+
+impl LogQueue {
+    fn lines(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        // A panic while holding the lock cannot leave half a line: lines are appended whole.
+        self.lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The queue of the installed log writer, for [`dropped_log_lines`].
+static LOG_QUEUE: std::sync::OnceLock<Arc<LogQueue>> = std::sync::OnceLock::new();
 
 /// Log lines dropped because stderr could not take them as fast as they came (a stalled log
 /// collector, a full pipe): the cost of never letting a request wait on a log line.
 pub fn dropped_log_lines() -> u64 {
-    DROPPED_LOG_LINES
-        .get()
-        .map_or(0, |counter| counter.dropped_lines() as u64)
+    LOG_QUEUE.get().map_or(0, |queue| {
+        queue.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    })
+}
+
+/// What tracing's formatter writes each event to: one `write` a whole line (the formatter
+/// formats into its own buffer first), appended to the queue or, when the queue is full,
+/// dropped and counted. Never blocks on stderr.
+#[derive(Clone, Debug)]
+struct LogQueueWriter {
+    queue: Arc<LogQueue>,
+    writer: std::thread::Thread,
+}
+
+impl std::io::Write for LogQueueWriter {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let mut lines = self.queue.lines();
+        if lines.len() + line.len() > LOG_QUEUE_BYTES {
+            drop(lines);
+            self.queue
+                .dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(line.len());
+        }
+        let first = lines.is_empty();
+        lines.extend_from_slice(line);
+        let full_batch = lines.len() >= LOG_BATCH_BYTES;
+        drop(lines);
+        // Wake the writer for the first line of a batch (it then waits out its window) or
+        // when a batch is full; otherwise it is awake already. Unparking a thread that is
+        // not parked is one atomic swap, no system call.
+        if first || full_batch {
+            self.writer.unpark();
+        }
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogQueueWriter {
+    type Writer = LogQueueWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// The writer thread: waits for a first line, gathers for [`LOG_BATCH_WINDOW`] (less when a
+/// batch fills), writes the batch to `out` in one call, and at close writes what is left.
+/// (`Stderr::write_all` takes its lock once a batch: other writers' lines never land inside one
+/// of ours.)
+fn write_log_batches(queue: &LogQueue, out: &mut dyn std::io::Write) {
+    use std::sync::atomic::Ordering;
+    // Two buffers swapped under the lock: appending never waits for a write in progress.
+    let mut batch = Vec::new();
+    loop {
+        let closing = loop {
+            let closing = queue.closing.load(Ordering::Acquire);
+            if closing || !queue.lines().is_empty() {
+                break closing;
+            }
+            std::thread::park();
+        };
+        if !closing {
+            std::thread::park_timeout(LOG_BATCH_WINDOW);
+        }
+        std::mem::swap(&mut *queue.lines(), &mut batch);
+        if !batch.is_empty() && out.write_all(&batch).is_err() {
+            // Nowhere to say so but the metric: stderr is closed or failing.
+            let lines = batch.iter().filter(|&&byte| byte == b'\n').count();
+            queue.dropped.fetch_add(lines as u64, Ordering::Relaxed);
+        }
+        batch.clear();
+        // A burst's buffer is given back; the usual batch keeps its capacity.
+        batch.shrink_to(LOG_BATCH_BYTES);
+        if closing && queue.lines().is_empty() {
+            return;
+        }
+    }
+}
+
+/// The log writer thread and its queue; dropping it writes out what is queued and stops it.
+struct LogWriterThread {
+    queue: Arc<LogQueue>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LogWriterThread {
+    /// Starts the thread writing to `out`; `None` if it cannot be started.
+    fn start(mut out: impl std::io::Write + Send + 'static) -> Option<(Self, LogQueueWriter)> {
+        let queue = Arc::new(LogQueue::default());
+        let thread = std::thread::Builder::new()
+            .name("gpu-guard-log".to_owned())
+            .spawn({
+                let queue = queue.clone();
+                move || write_log_batches(&queue, &mut out)
+            })
+            .ok()?;
+        let writer = LogQueueWriter {
+            queue: queue.clone(),
+            writer: thread.thread().clone(),
+        };
+        Some((
+            Self {
+                queue,
+                thread: Some(thread),
+            },
+            writer,
+        ))
+    }
+}
+
+impl Drop for LogWriterThread {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.queue
+                .closing
+                .store(true, std::sync::atomic::Ordering::Release);
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Keeps the log writer's thread: dropping it writes out what is still queued.
 #[must_use = "the log writer stops when this is dropped"]
 pub struct LogGuard {
-    _writer: Option<tracing_appender::non_blocking::WorkerGuard>,
+    _writer: Option<LogWriterThread>,
 }
 
 /// Logs to stderr, as text or one JSON object a line, filtered by `level` (a level or a
 /// tracing filter; `info` when it does not parse). Text is coloured only on a terminal
 /// ([`log_colours`]): a log file or a collector gets no escape codes.
 ///
-/// Lines are written by a thread of their own, from a bounded queue that drops lines when
-/// full ([`dropped_log_lines`]): a request thread never blocks on stderr. Blocking writes stalled
-/// the webhook outright once a reader stopped draining its stderr pipe (64 KB, about 140
-/// requests), and cost a write system call on the request path each time.
+/// Lines are written by a thread of their own, in batches (up to [`LOG_BATCH_WINDOW`] late),
+/// from a bounded queue that drops lines when full ([`dropped_log_lines`]): a request thread
+/// never blocks on stderr. Blocking writes stalled the webhook outright once a reader stopped
+/// draining its stderr pipe (64 KB, about 140 requests), and cost a write system call on the
+/// request path each time.
 pub fn init_logging(format: LogFormat, level: &str, colour: LogColour) -> LogGuard {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let colours = match colour {
@@ -67,26 +214,31 @@ pub fn init_logging(format: LogFormat, level: &str, colour: LogColour) -> LogGua
             std::env::var_os("NO_COLOR").as_deref(),
         ),
     };
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(LOG_QUEUE_LINES)
-        .thread_name("gpu-guard-log")
-        .finish(std::io::stderr());
-    let dropped = writer.error_counter();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(colours)
-        .with_writer(writer);
+        .with_ansi(colours);
+    // Without a thread (none can be started), lines are written on the caller's thread.
+    let Some((thread, writer)) = LogWriterThread::start(std::io::stderr()) else {
+        let builder = builder.with_writer(std::io::stderr);
+        let _ = match format {
+            LogFormat::Json => builder.json().flatten_event(true).try_init(),
+            LogFormat::Text => builder.try_init(),
+        };
+        return LogGuard { _writer: None };
+    };
+    let queue = writer.queue.clone();
+    let builder = builder.with_writer(writer);
     let installed = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
-    // A second initialisation (tests run several servers in one process) keeps the first.
+    // A second initialisation (tests run several servers in one process) keeps the first,
+    // and this thread stops.
     match installed {
         Ok(()) => {
-            let _ = DROPPED_LOG_LINES.set(dropped);
+            let _ = LOG_QUEUE.set(queue);
             LogGuard {
-                _writer: Some(guard),
+                _writer: Some(thread),
             }
         }
         Err(_) => LogGuard { _writer: None },
@@ -346,5 +498,110 @@ mod tests {
     fn a_second_signal_exits_130() {
         assert_eq!(Stopped::Cleanly.exit_code(), 0);
         assert_eq!(Stopped::AtSecondSignal.exit_code(), 130);
+    }
+
+    /// An output the test reads after the writer thread stopped.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn log_lines_reach_the_output_whole_and_in_order_and_the_rest_at_close() {
+        use std::io::Write as _;
+        let out = Captured::default();
+        let (thread, writer) = LogWriterThread::start(out.clone()).unwrap();
+        // From several threads, more than a batch: every line whole, each thread's in order.
+        let senders: Vec<_> = (0..4)
+            .map(|sender| {
+                let mut writer = writer.clone();
+                std::thread::spawn(move || {
+                    for line in 0..2_000 {
+                        let text = format!("sender {sender} line {line:04} {}\n", "x".repeat(40));
+                        writer.write_all(text.as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for sender in senders {
+            sender.join().unwrap();
+        }
+        drop(thread);
+        let written = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = written.lines().collect();
+        assert_eq!(lines.len(), 8_000);
+        for sender in 0..4 {
+            let own: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|line| line.starts_with(&format!("sender {sender} ")))
+                .collect();
+            let expected: Vec<String> = (0..2_000)
+                .map(|line| format!("sender {sender} line {line:04} {}", "x".repeat(40)))
+                .collect();
+            assert_eq!(own, expected);
+        }
+        assert_eq!(
+            writer
+                .queue
+                .dropped
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+
+    #[test]
+    fn a_full_log_queue_drops_whole_lines_and_counts_them() {
+        use std::io::Write as _;
+        // No writer thread: nothing drains the queue, as when stderr is stalled.
+        let queue = Arc::new(LogQueue::default());
+        let mut writer = LogQueueWriter {
+            queue: queue.clone(),
+            writer: std::thread::current(),
+        };
+        let line = [b'x'; 1000];
+        for _ in 0..2_000 {
+            writer.write_all(&line).unwrap();
+        }
+        let kept = LOG_QUEUE_BYTES / line.len();
+        assert_eq!(queue.lines().len(), kept * line.len());
+        assert_eq!(
+            queue.dropped.load(std::sync::atomic::Ordering::Relaxed),
+            (2_000 - kept) as u64
+        );
+    }
+
+    #[test]
+    fn lines_a_failing_output_refused_are_counted_as_dropped() {
+        use std::io::Write as _;
+        struct Closed;
+        impl std::io::Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let (thread, mut writer) = LogWriterThread::start(Closed).unwrap();
+        for _ in 0..10 {
+            writer.write_all(b"a line\n").unwrap();
+        }
+        drop(thread);
+        assert_eq!(
+            writer
+                .queue
+                .dropped
+                .load(std::sync::atomic::Ordering::Relaxed),
+            10
+        );
     }
 }

@@ -13,7 +13,8 @@
 # CONNECTIONS (64), SERVER_CPU (0), CLIENT_CPU (1), BODY (the 7.1 KB GPU Job review),
 # CARGO_TARGET_DIR (target), LOAD_OUT (a temp dir: raw oha JSON, server logs, results.tsv),
 # BASELINE (another gpu-guard binary, say one built from main, measured as a third server
-# "baseline" in the same rounds: a before/after in one run).
+# "baseline" in the same rounds: a before/after in one run), GPU_GUARD_BIN and FLOOR_BIN (use
+# these binaries instead of building them: a build shared with others may change under the run).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -33,9 +34,11 @@ for tool in oha taskset python3; do
     command -v "$tool" >/dev/null || { echo "needs $tool (oha: cargo install oha --locked)" >&2; exit 1; }
 done
 
-cargo build --release --bin gpu-guard --example floor
-GPU_GUARD="$TARGET/release/gpu-guard"
-FLOOR="$TARGET/release/examples/floor"
+if [ -z "${GPU_GUARD_BIN:-}" ] || [ -z "${FLOOR_BIN:-}" ]; then
+    cargo build --release --bin gpu-guard --example floor
+fi
+GPU_GUARD=${GPU_GUARD_BIN:-$TARGET/release/gpu-guard}
+FLOOR=${FLOOR_BIN:-$TARGET/release/examples/floor}
 ls -l "$GPU_GUARD" "$FLOOR" | awk '{printf "%s: %.1f MB\n", $NF, $5 / 1e6}'
 
 "$GPU_GUARD" certs --out-dir "$OUT/certs" --force >/dev/null

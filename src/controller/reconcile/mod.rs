@@ -261,64 +261,64 @@ impl Reconciler {
     /// the pods are judged against the taints this pass added. Forgets what it remembered of
     /// pods that are gone.
     pub async fn pass(&mut self, caches: &Caches, now: Timestamp) -> PassReport {
-        let mut report = PassReport::default();
-        self.metrics.passes.inc();
-        // Every pod is judged: the changes so far are covered.
-        caches.pods.clear_dirty();
-        let done = match self.nodes_pass(caches, now, &mut report).await {
-            Ok(node_states) => {
-                self.node_states = node_states;
-                self.opted_in = caches.namespaces.names();
-                let pods = caches.pods.snapshot();
-                self.forget_pods_gone(&pods);
-                let opted_in = self.opted_in.clone();
-                self.pods_pass(pods, &opted_in, now, &mut report).await
-            }
-            Err(stop) => Err(stop),
-        };
-        report.stopped = done.is_err();
-        report
+        self.nodes_then_pods(caches, now, true).await
     }
 
     /// After Node, Namespace or ResourceSlice events: every node, then the pods whose node
     /// changed state (tainted, untainted, degraded for other resources), every pod when the
     /// opted-in namespaces changed, and the pods that changed.
     pub async fn pass_nodes(&mut self, caches: &Caches, now: Timestamp) -> PassReport {
+        self.nodes_then_pods(caches, now, false).await
+    }
+
+    /// Every node, then the pods that need judging after it: all of them when `full` (and what
+    /// was remembered of pods that are gone is forgotten), otherwise those a change concerns.
+    async fn nodes_then_pods(&mut self, caches: &Caches, now: Timestamp, full: bool) -> PassReport {
         let mut report = PassReport::default();
         self.metrics.passes.inc();
-        let done = match self.nodes_pass(caches, now, &mut report).await {
-            Ok(node_states) => {
-                let changed: HashSet<&String> = node_states
-                    .iter()
-                    .filter(|(node, state)| self.node_states.get(*node) != Some(*state))
-                    .map(|(node, _)| node)
-                    .chain(
-                        self.node_states
-                            .keys()
-                            .filter(|node| !node_states.contains_key(*node)),
-                    )
-                    .collect();
-                let opted_in = caches.namespaces.names();
-                let everyone = opted_in != self.opted_in;
-                let mut pods = caches.pods.take_dirty();
-                if everyone || !changed.is_empty() {
-                    let dirty: HashSet<(String, String)> = pods
-                        .iter()
-                        .map(|pod| (pod.namespace.clone(), pod.name.clone()))
-                        .collect();
-                    pods.extend(caches.pods.snapshot().into_iter().filter(|pod| {
-                        (everyone || pod.node.as_ref().is_some_and(|node| changed.contains(node)))
-                            && !dirty.contains(&(pod.namespace.clone(), pod.name.clone()))
-                    }));
-                    pods::sort(&mut pods);
-                }
-                self.node_states = node_states;
-                self.opted_in = opted_in.clone();
-                self.pods_pass(pods, &opted_in, now, &mut report).await
+        let node_states = match self.nodes_pass(caches, now, &mut report).await {
+            Ok(node_states) => node_states,
+            Err(Stop) => {
+                report.stopped = true;
+                return report;
             }
-            Err(stop) => Err(stop),
         };
-        report.stopped = done.is_err();
+        let opted_in = caches.namespaces.names();
+        // The dirty pods are judged either way.
+        let mut pods = caches.pods.take_dirty();
+        let everyone = full || opted_in != self.opted_in;
+        let changed: HashSet<&String> = node_states
+            .iter()
+            .filter(|(node, state)| self.node_states.get(*node) != Some(*state))
+            .map(|(node, _)| node)
+            .chain(
+                self.node_states
+                    .keys()
+                    .filter(|node| !node_states.contains_key(*node)),
+            )
+            .collect();
+        if everyone {
+            pods = caches.pods.snapshot();
+        } else if !changed.is_empty() {
+            pods.extend(
+                caches
+                    .pods
+                    .snapshot()
+                    .into_iter()
+                    .filter(|pod| pod.node.as_ref().is_some_and(|node| changed.contains(node))),
+            );
+            pods::sort(&mut pods);
+            pods.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
+        }
+        if full {
+            self.forget_pods_gone(&pods);
+        }
+        self.node_states = node_states;
+        report.stopped = self
+            .pods_pass(pods, &opted_in, now, &mut report)
+            .await
+            .is_err();
+        self.opted_in = opted_in;
         report
     }
 

@@ -34,9 +34,11 @@ for tool in oha taskset python3; do
     command -v "$tool" >/dev/null || { echo "needs $tool (oha: cargo install oha --locked)" >&2; exit 1; }
 done
 
-if [ -z "${GPU_GUARD_BIN:-}" ] || [ -z "${FLOOR_BIN:-}" ]; then
-    cargo build --release --bin gpu-guard --example floor
-fi
+# Two builds: in one, the example's dev-dependencies would add features to gpu-guard's
+# dependencies, and the binary would not be the one `cargo build --release` ships (nor match the
+# names of its code layout, build.rs).
+[ -n "${GPU_GUARD_BIN:-}" ] || cargo build --release --bin gpu-guard
+[ -n "${FLOOR_BIN:-}" ] || cargo build --release --example floor
 GPU_GUARD=${GPU_GUARD_BIN:-$TARGET/release/gpu-guard}
 FLOOR=${FLOOR_BIN:-$TARGET/release/examples/floor}
 ls -l "$GPU_GUARD" "$FLOOR" | awk '{printf "%s: %.1f MB\n", $NF, $5 / 1e6}'

@@ -75,30 +75,9 @@ STANDIN_PORT=$PORT_BASE
 ADMIN_PORT=$((PORT_BASE + 1))
 WEBHOOK_PORT=$((PORT_BASE + 2))
 STANDIN_URL="http://127.0.0.1:$STANDIN_PORT"
-cat >"$OUT/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: standin
-  cluster:
-    server: $STANDIN_URL
-users:
-- name: standin
-  user: {}
-contexts:
-- name: standin
-  context:
-    cluster: standin
-    user: standin
-current-context: standin
-EOF
-
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
+# shellcheck source=benches/scale/common.sh
+source benches/scale/common.sh
+standin_kubeconfig "$STANDIN_URL" "$OUT/kubeconfig"
 
 TICKS=$(getconf CLK_TCK)
 now() { date +%s.%N; }

@@ -1,6 +1,8 @@
 """The table of benches/load/run.sh: per protocol and phase, the median over rounds of each
 server's throughput, latency percentiles and CPU per request, and their ratios to the floor
-(gpu-guard's, and the baseline's when there is one).
+(gpu-guard's, and the baseline's when there is one): the ratio of the medians, and the median
+of the ratios within each round with their range (the servers of a round run minutes apart at
+most, so a slow spell of the machine shows in the range instead of in one server's median).
 
 usage: summary.py results.tsv peak-rss.tsv
 """
@@ -16,7 +18,7 @@ CLOCK_TICK_S = 0.01  # /proc/PID/stat counts CPU time in ticks of 10 ms (USER_HZ
 def load(path):
     rows = defaultdict(list)
     for line in open(path):
-        server, protocol, phase, _round, ticks, file = line.rstrip("\n").split("\t")
+        server, protocol, phase, round_, ticks, file = line.rstrip("\n").split("\t")
         report = json.load(open(file))
         summary = report["summary"]
         percentiles = report["latencyPercentiles"]
@@ -25,6 +27,7 @@ def load(path):
         ok = codes.get("200", 0)
         rows[(protocol, phase, server)].append(
             {
+                "round": round_,
                 "rps": summary["requestsPerSec"],
                 "p50": percentiles["p50"] * 1e3,
                 "p99": percentiles["p99"] * 1e3,
@@ -75,6 +78,19 @@ def main():
                 f"| {protocol} | {phase} | **{server} / floor** | {ratio['rps']:.2f}× | {ratio['p50']:.2f}× "
                 f"| {ratio['p99']:.2f}× | {ratio['p99.9']:.2f}× | {ratio['cpu_us']:.2f}× | |"
             )
+            by_round = {r["round"]: r for r in rows[(protocol, phase, "floor")]}
+            paired = {m: [] for m in metrics[:5]}
+            for run in rows[(protocol, phase, server)]:
+                base = by_round.get(run["round"])
+                for m in paired:
+                    if base and base[m]:
+                        paired[m].append(run[m] / base[m])
+            if len(paired["rps"]) > 1:
+                cell = {m: f"{median(v):.2f}× ({min(v):.2f}-{max(v):.2f})" for m, v in paired.items()}
+                print(
+                    f"| {protocol} | {phase} | {server} / floor, by round | {cell['rps']} | {cell['p50']} "
+                    f"| {cell['p99']} | {cell['p99.9']} | {cell['cpu_us']} | |"
+                )
     print()
     floor_kb = int(peak_kb["floor"])
     for server in servers:

@@ -119,9 +119,9 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub(crate) fn skipped(job: &Job, reason: SkipReason) -> Self {
+    pub(crate) fn skipped(job: Job, reason: SkipReason) -> Self {
         Self {
-            job: job.clone(),
+            job,
             changes: Vec::new(),
             warnings: Vec::new(),
             change_notes: Vec::new(),
@@ -259,6 +259,20 @@ pub fn mutate_job_as(
     role: JobRole,
     facts: ClusterFacts<'_>,
 ) -> Outcome {
+    mutate_owned_job(job.clone(), policy, role, facts, || job.clone())
+}
+
+/// [`mutate_job_as`] on a Job the caller gives up, so that the engine drafts on it without a
+/// copy (the webhook's request path). `original` makes the Job as it came once more, for the
+/// rare result the API server would reject: the engine then returns the input, with the
+/// input's own verdict in the warning.
+pub(crate) fn mutate_owned_job(
+    job: Job,
+    policy: &Policy,
+    role: JobRole,
+    facts: ClusterFacts<'_>,
+    original: impl FnOnce() -> Job,
+) -> Outcome {
     if has_true(job.metadata.annotations.as_ref(), SKIP_ANNOTATION) {
         return Outcome::skipped(job, SkipReason::SkipAnnotation);
     }
@@ -282,7 +296,7 @@ pub fn mutate_job_as(
     }
 
     let mut draft = Draft {
-        job: job.clone(),
+        job,
         role,
         changes: Vec::new(),
         warnings: Vec::new(),
@@ -326,13 +340,14 @@ pub fn mutate_job_as(
             .into_iter()
             .filter(|warning| !draft.change_notes.contains(warning))
             .collect();
-        warnings.push(if rules::job::check_job(job).contains(first) {
+        let job = original();
+        warnings.push(if rules::job::check_job(&job).contains(first) {
             format!("Job left unchanged: the API server will reject it as it is: {first}")
         } else {
             format!("Job left unchanged, the API server would reject the result: {first}")
         });
         return Outcome {
-            job: job.clone(),
+            job,
             changes: Vec::new(),
             warnings,
             change_notes: Vec::new(),

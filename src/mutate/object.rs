@@ -14,8 +14,8 @@ use super::{job_view, jobset_view};
 use crate::decode::{self, JsonError};
 use crate::field::FieldPath;
 use crate::mutate::{
-    ClusterFacts, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
-    template_as_job,
+    ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
+    mutate_owned_job, template_as_job,
 };
 use crate::policy::{DraFacts, NoDraFacts, Policy};
 use crate::rules::jobset::JobSetSpec;
@@ -179,7 +179,7 @@ fn mutate_known(
             let template: JobTemplateSpec =
                 part(raw, CRON_JOB_TEMPLATE_ROOT, kind)?.unwrap_or_default();
             let outcome = if is_skipped(&metadata) {
-                Outcome::skipped(&template_as_job(&template), SkipReason::SkipAnnotation)
+                Outcome::skipped(template_as_job(&template), SkipReason::SkipAnnotation)
             } else {
                 mutate_job_template(&template, policy, ClusterFacts::of(&metadata, dra))
             };
@@ -351,7 +351,18 @@ pub fn mutate_job_json(
         kind: MutableKind::Job.api_name(),
         source,
     })?;
-    let outcome = mutate_job_with(&view.job, policy, dra);
+    let namespace = view.job.metadata.namespace.clone().unwrap_or_default();
+    let facts = ClusterFacts {
+        namespace: &namespace,
+        dra,
+    };
+    // The engine drafts on the decoded Job itself; the input is decoded once more only when
+    // the result would be rejected (the decode cannot fail then: it just succeeded).
+    let outcome = mutate_owned_job(view.job, policy, JobRole::Standalone, facts, || {
+        job_view::decode(raw)
+            .map(|view| view.job)
+            .unwrap_or_default()
+    });
     let patch = patch::operations(&outcome.changes, &view.skeleton, JOB_ROOT);
     if !patch.is_empty() {
         patch::check_applies(&view.skeleton, &patch)?;

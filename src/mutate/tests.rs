@@ -486,6 +486,40 @@ fn a_result_the_api_server_would_reject_is_never_returned() {
 }
 
 #[test]
+fn the_webhook_path_leaves_a_job_it_would_break_as_it_came() {
+    // The webhook's path hands the decoded Job to the engine without a copy; a result the API
+    // server would reject still comes back as the input, with the same warnings.
+    let broken = gpu_job(
+        json!({}),
+        json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[42, 2])]}}),
+    );
+    let mut raw = serde_json::to_value(&broken).unwrap();
+    raw["apiVersion"] = json!("batch/v1");
+    raw["kind"] = json!("Job");
+    let text = raw.to_string();
+    let mutation =
+        object::mutate_job_json(&text, &Policy::default(), &crate::policy::NoDraFacts).unwrap();
+    assert!(mutation.patch.is_empty());
+    let outcome = mutation.outcome.job().expect("a Job");
+    let input = job_view::decode(&text).unwrap().job;
+    assert_eq!(outcome.job, input);
+    assert!(!outcome.is_changed());
+    assert_eq!(
+        outcome.warnings,
+        mutate_job(&input, &Policy::default()).warnings
+    );
+    assert!(
+        outcome
+            .warnings
+            .last()
+            .unwrap()
+            .starts_with("Job left unchanged, the API server would reject the result"),
+        "{:?}",
+        outcome.warnings
+    );
+}
+
+#[test]
 fn a_job_left_unchanged_is_told_of_no_change() {
     // No restartPolicy: the API server refuses the Job as it is. The engine drops its grace
     // period change with the rest, and no warning says it was made.

@@ -32,7 +32,7 @@ use k8s_openapi::api::batch::v1::{Job, PodFailurePolicyRule};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use super::{Change, ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_as};
+use super::{Change, ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_owned_job};
 use crate::field::FieldPath;
 use crate::policy::DraFacts;
 use crate::policy::{ExistingPolicy, Policy, RuleAction};
@@ -147,14 +147,14 @@ pub fn mutate_jobset(
     // of a change to a replicated Job or to the JobSet's failure policy.
     let mut input_warnings = Vec::new();
     for (index, replica) in spec.replicated_jobs.iter().enumerate() {
-        let job = Job {
+        let job = || Job {
             metadata: replica.template.metadata.clone().unwrap_or_default(),
             spec: replica.template.spec.clone(),
             status: None,
         };
         // The replicated Jobs are created in the JobSet's namespace.
         let facts = ClusterFacts::of(metadata, dra);
-        let outcome = mutate_job_as(&job, policy, JobRole::JobSetReplica, facts);
+        let outcome = mutate_owned_job(job(), policy, JobRole::JobSetReplica, facts, job);
         let about_replica = |warning: &String| format!("replicatedJob {}: {warning}", replica.name);
         warnings.extend(outcome.warnings.iter().map(about_replica));
         input_warnings.extend(outcome.input_warnings().map(about_replica));

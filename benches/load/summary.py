@@ -18,7 +18,7 @@ CLOCK_TICK_S = 0.01  # /proc/PID/stat counts CPU time in ticks of 10 ms (USER_HZ
 def load(path):
     rows = defaultdict(list)
     for line in open(path):
-        server, protocol, phase, round_, ticks, file = line.rstrip("\n").split("\t")
+        server, protocol, phase, round_, ticks, counted_s, phase_s, file = line.rstrip("\n").split("\t")
         report = json.load(open(file))
         summary = report["summary"]
         percentiles = report["latencyPercentiles"]
@@ -32,7 +32,10 @@ def load(path):
                 "p50": percentiles["p50"] * 1e3,
                 "p99": percentiles["p99"] * 1e3,
                 "p99.9": percentiles["p99.9"] * 1e3,
-                "cpu_us": int(ticks) * CLOCK_TICK_S * 1e6 / max(answered, 1),
+                # At a fixed rate, the CPU was counted over the last counted_s of the phase
+                # (run.sh: not the connections' TLS handshakes), and the open loop sent that
+                # share of the requests in it.
+                "cpu_us": int(ticks) * CLOCK_TICK_S * 1e6 / max(answered * int(counted_s) / int(phase_s), 1),
                 # oha cuts the requests in flight when a phase's time is up: not the server's.
                 "errors": answered
                 - ok

@@ -1109,30 +1109,32 @@ async fn readiness_waits_for_the_cluster_caches_and_lookups_meanwhile_are_500() 
     running.shutdown().await;
 }
 
-/// A webhook whose stderr nobody reads (a stalled log collector, a full pipe) still answers:
-/// log lines go through a queue to a writer thread and are dropped, counted, when it is full.
-/// With writes on the request path, the server stopped answering after about 140 requests,
-/// when the 64 KB pipe filled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stderr_nobody_reads_never_stops_the_webhook() {
+/// `gpu-guard serve --no-cluster --log-format json` as a child process with `args` added,
+/// read up to its "serving" line: the child, the rest of its stderr, and the webhook address.
+fn spawn_serve(
+    dir: &Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+    String,
+) {
     use std::io::BufRead;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-guard"))
         .env_remove("GPU_GUARD_POLICY")
+        .env_remove("GPU_GUARD_LOG_LEVEL")
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", dir.path())
+        .env("HOME", dir)
         .args(["serve", "--no-cluster", "--log-format", "json"])
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .arg("--ca-bundle-file")
-        .arg(&ca)
+        .arg(dir.join("ca.pem"))
+        .args(args)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    // Read up to the "serving" line, then stop reading: the pipe fills and stays full.
-    let mut lines = std::io::BufReader::new(stderr);
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap());
     let webhook = loop {
         let mut line = String::new();
         assert!(lines.read_line(&mut line).unwrap() > 0, "serve exited");
@@ -1141,11 +1143,34 @@ async fn a_stderr_nobody_reads_never_stops_the_webhook() {
             break entry["webhook"].as_str().unwrap().to_owned();
         }
     };
-    let client = reqwest::Client::builder()
-        .tls_backend_preconfigured(client_tls(&std::fs::read_to_string(&ca).unwrap()))
+    (child, lines, webhook)
+}
+
+fn child_client(dir: &Path) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(client_tls(
+            &std::fs::read_to_string(dir.join("ca.pem")).unwrap(),
+        ))
         .timeout(Duration::from_secs(5))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// A webhook whose stderr nobody reads (a stalled log collector, a full pipe) still answers:
+/// log lines go through a queue to a writer thread and are dropped, counted, when it is full.
+/// With writes on the request path, the server stopped answering after about 140 requests,
+/// when the 64 KB pipe filled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stderr_nobody_reads_never_stops_the_webhook() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    // Every review logs a line (at plain info only denials and guard findings do).
+    let (mut child, lines, webhook) = spawn_serve(
+        dir.path(),
+        &["--log-level", "info,gpu_guard::admission=debug"],
+    );
+    // From here on nobody reads: the pipe fills and stays full.
+    let client = child_client(dir.path());
     let body = std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/admission/001-Job-CREATE-mutate.json"),
@@ -1177,4 +1202,62 @@ async fn a_stderr_nobody_reads_never_stops_the_webhook() {
     .unwrap();
     let _ = child.wait();
     assert!(logged > 140, "only {logged} review lines reached stderr");
+}
+
+/// At the default level a routine review (a Job patched) logs nothing and a denial logs its
+/// line; `gpu_guard::admission=debug` brings every review's line back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_info_only_denials_and_guard_findings_log_a_line_per_review() {
+    use std::io::BufRead;
+    let job = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/admission/001-Job-CREATE-mutate.json"),
+    )
+    .unwrap();
+    let denied_pod = tolerating_pod().to_string().into_bytes();
+    for (args, want) in [
+        (&[][..], vec!["denied"]),
+        (
+            &["--log-level", "info,gpu_guard::admission=debug"][..],
+            vec!["patched", "denied"],
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut child, lines, webhook) = spawn_serve(dir.path(), args);
+        let client = child_client(dir.path());
+        for (path, body) in [("mutate", &job), ("validate", &denied_pod)] {
+            let answer = client
+                .post(format!("https://{webhook}/{path}"))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200, "{path}");
+        }
+        // Lines leave the queue in order: the Job's line, had it been logged, comes before the
+        // denial's. Read up to the denial's (written within the writer's 100 ms batch).
+        let outcomes = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::task::spawn_blocking(move || {
+                let mut outcomes = Vec::new();
+                for line in lines.lines().map_while(Result::ok) {
+                    let entry: Value = serde_json::from_str(&line).unwrap();
+                    if entry["message"] == "admission review" {
+                        assert_eq!(entry["target"], "gpu_guard::admission", "{line}");
+                        outcomes.push(entry["outcome"].as_str().unwrap().to_owned());
+                        if entry["outcome"] == "denied" {
+                            break;
+                        }
+                    }
+                }
+                outcomes
+            }),
+        )
+        .await;
+        let _ = child.kill();
+        let _ = child.wait();
+        let outcomes = outcomes.expect("the denial's line within 10 s").unwrap();
+        assert_eq!(outcomes, want, "serve {args:?}");
+    }
 }

@@ -4,7 +4,11 @@ server's throughput, latency percentiles and CPU per request, and their ratios t
 of the ratios within each round with their range (the servers of a round run minutes apart at
 most, so a slow spell of the machine shows in the range instead of in one server's median).
 
-usage: summary.py results.tsv peak-rss.tsv
+usage: summary.py results.tsv peak-rss.tsv [results.tsv ...]
+
+More results files (other runs of the same binaries, `LOAD_OUT/results.tsv`) pool their rounds
+with the first's: the medians and the per-round ratios are then over all of them. Peak RSS is
+the first run's.
 """
 
 import json
@@ -15,8 +19,14 @@ from collections import defaultdict
 CLOCK_TICK_S = 0.01  # /proc/PID/stat counts CPU time in ticks of 10 ms (USER_HZ = 100)
 
 
-def load(path):
+def load(paths):
     rows = defaultdict(list)
+    for run, path in enumerate(paths):
+        load_run(rows, path, f"{run + 1}." if len(paths) > 1 else "")
+    return rows
+
+
+def load_run(rows, path, run):
     for line in open(path):
         server, protocol, phase, round_, ticks, counted_s, phase_s, file = line.rstrip("\n").split("\t")
         report = json.load(open(file))
@@ -27,7 +37,7 @@ def load(path):
         ok = codes.get("200", 0)
         rows[(protocol, phase, server)].append(
             {
-                "round": round_,
+                "round": run + round_,
                 "rps": summary["requestsPerSec"],
                 "p50": percentiles["p50"] * 1e3,
                 "p99": percentiles["p99"] * 1e3,
@@ -42,7 +52,6 @@ def load(path):
                 + sum(n for e, n in report.get("errorDistribution", {}).items() if e != "aborted due to deadline"),
             }
         )
-    return rows
 
 
 def median(values):
@@ -50,7 +59,9 @@ def median(values):
 
 
 def main():
-    rows = load(sys.argv[1])
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    rows = load([sys.argv[1], *sys.argv[3:]])
     peak_kb = dict(line.split() for line in open(sys.argv[2]))
     servers = [name for name in ["floor", "gpu-guard", "baseline"] if name in peak_kb]
     metrics = ["rps", "p50", "p99", "p99.9", "cpu_us", "errors"]

@@ -4,7 +4,13 @@
 //! `serde_json::Value` (as a webhook on kube-core's `AdmissionReview<DynamicObject>` would) and
 //! answers a fixed allow with its uid. What gpu-guard costs beyond this is what it does.
 //!
-//! `floor --listen 127.0.0.1:8444 --cert tls.crt --key tls.key`
+//! `floor --listen 127.0.0.1:8444 --cert tls.crt --key tls.key [--server-settings]`
+//!
+//! `--server-settings` adds what gpu-guard's listener puts around a connection and a request,
+//! without its work (src/server/listener.rs and routes.rs): the HTTP/1.1 header timeout and the
+//! HTTP/2 keep-alive pings on hyper's timer, the handshake and body timeouts, the
+//! graceful-shutdown watcher and the set of connections. Beside the plain floor it tells what
+//! gpu-guard's server costs from what its review costs.
 //!
 //! Built as the example `floor` (`cargo build --release --example floor`): compiled by
 //! `cargo test`, never run by it.
@@ -17,7 +23,9 @@ use axum::body::Bytes;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject;
@@ -38,6 +46,21 @@ async fn allow(body: Bytes) -> Response {
         )
             .into_response(),
         Err(error) => (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response(),
+    }
+}
+
+/// gpu-guard's `HANDSHAKE_TIMEOUT`, `HEADER_TIMEOUT` and `BODY_TIMEOUT` (src/server/mod.rs).
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// gpu-guard's `MAX_BODY_BYTES`.
+const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// [`allow`] after reading the body within [`TIMEOUT`], as gpu-guard's routes do.
+async fn allow_within(request: axum::extract::Request) -> Response {
+    let body = axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES);
+    match tokio::time::timeout(TIMEOUT, body).await {
+        Ok(Ok(body)) => allow(body).await,
+        Ok(Err(_)) => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
     }
 }
 
@@ -69,9 +92,16 @@ fn main() {
         .expect("a certificate and its key");
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let router = Router::new()
-        .route("/mutate", post(allow))
-        .route("/validate", post(allow));
+    let settings = args.iter().any(|arg| arg == "--server-settings");
+    let router = if settings {
+        Router::new()
+            .route("/mutate", post(allow_within))
+            .route("/validate", post(allow_within))
+    } else {
+        Router::new()
+            .route("/mutate", post(allow))
+            .route("/validate", post(allow))
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -83,7 +113,20 @@ fn main() {
             "floor: serving on {}",
             listener.local_addr().expect("bound")
         );
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        if settings {
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(Duration::from_secs(20)))
+                .keep_alive_timeout(Duration::from_secs(10));
+        }
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut connections = tokio::task::JoinSet::new();
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
@@ -91,10 +134,25 @@ fn main() {
             let _ = stream.set_nodelay(true);
             let (acceptor, builder) = (acceptor.clone(), builder.clone());
             let service = TowerToHyperService::new(router.clone());
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(stream).await {
-                    let _ = builder.serve_connection(TokioIo::new(tls), service).await;
-                }
+            if !settings {
+                tokio::spawn(async move {
+                    if let Ok(tls) = acceptor.accept(stream).await {
+                        let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+                    }
+                });
+                continue;
+            }
+            while connections.try_join_next().is_some() {}
+            let watcher = graceful.watcher();
+            connections.spawn(async move {
+                let Ok(Ok(tls)) = tokio::time::timeout(TIMEOUT, acceptor.accept(stream)).await
+                else {
+                    return;
+                };
+                let connection = builder
+                    .serve_connection(TokioIo::new(tls), service)
+                    .into_owned();
+                let _ = watcher.watch(connection).await;
             });
         }
     });

@@ -14,7 +14,8 @@
 # PROTOCOLS ("http1 http2"), CONNECTIONS (64), SERVER_CPU (0), CLIENT_CPU (1), BODY (the 7.1 KB GPU Job review),
 # CARGO_TARGET_DIR (target), LOAD_OUT (a temp dir: raw oha JSON, server logs, results.tsv),
 # BASELINE (another gpu-guard binary, say one built from main, measured as a third server
-# "baseline" in the same rounds: a before/after in one run), GPU_GUARD_BIN and FLOOR_BIN (use
+# "baseline" in the same rounds: a before/after in one run), SETTINGS_FLOOR (set: the floor with
+# gpu-guard's server settings, `floor --server-settings`, as a fourth server), GPU_GUARD_BIN and FLOOR_BIN (use
 # these binaries instead of building them: a build shared with others may change under the run).
 set -euo pipefail
 
@@ -66,6 +67,14 @@ taskset -c "$SERVER_CPU" "$FLOOR" --listen 127.0.0.1:18444 \
 PIDS+=($!); FLOOR_PID=$!
 
 SERVERS=("floor 18444 $FLOOR_PID" "gpu-guard 18443 $GUARD_PID")
+if [ -n "${SETTINGS_FLOOR:-}" ]; then
+    # The floor with gpu-guard's server settings (floor.rs: timeouts, keep-alive pings, the
+    # graceful-shutdown watcher): what the server costs, apart from the review.
+    taskset -c "$SERVER_CPU" "$FLOOR" --listen 127.0.0.1:18446 --server-settings \
+        --cert "$OUT/certs/tls.crt" --key "$OUT/certs/tls.key" 2>"$OUT/floor-settings.log" &
+    PIDS+=($!)
+    SERVERS+=("floor-settings 18446 $!")
+fi
 if [ -n "${BASELINE:-}" ]; then
     taskset -c "$SERVER_CPU" "$BASELINE" serve --no-cluster \
         --listen 127.0.0.1:18445 --admin-listen 127.0.0.1:18081 --drain-delay-seconds 0 \

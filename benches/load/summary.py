@@ -63,7 +63,7 @@ def main():
         sys.exit(__doc__)
     rows = load([sys.argv[1], *sys.argv[3:]])
     peak_kb = dict(line.split() for line in open(sys.argv[2]))
-    servers = [name for name in ["floor", "gpu-guard", "baseline"] if name in peak_kb]
+    servers = [name for name in ["floor", "gpu-guard", "baseline", "floor-settings"] if name in peak_kb]
     metrics = ["rps", "p50", "p99", "p99.9", "cpu_us", "errors"]
     print()
     print("| protocol | phase | server | req/s | p50 ms | p99 ms | p99.9 ms | CPU µs/req | errors |")

@@ -1204,28 +1204,37 @@ async fn a_stderr_nobody_reads_never_stops_the_webhook() {
     assert!(logged > 140, "only {logged} review lines reached stderr");
 }
 
-/// At the default level a routine review (a Job patched) logs nothing and a denial logs its
-/// line; `gpu_guard::admission=debug` brings every review's line back.
+/// At the default level a routine review (a Job patched, its warnings noting the changes) logs
+/// nothing, and a Job left unchanged with a warning (its own podFailurePolicy breaks an API
+/// rule) or a denial logs its line; `gpu_guard::admission=debug` brings every line back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_info_only_denials_and_guard_findings_log_a_line_per_review() {
+async fn at_info_only_denials_guard_findings_and_unprotected_jobs_log_a_line_per_review() {
     use std::io::BufRead;
     let job = std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/admission/001-Job-CREATE-mutate.json"),
     )
     .unwrap();
+    let mut unchanged: Value = serde_json::from_slice(&job).unwrap();
+    unchanged["request"]["object"]["spec"]["podFailurePolicy"] = json!({"rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [0]}}]});
+    let unchanged = unchanged.to_string().into_bytes();
     let denied_pod = tolerating_pod().to_string().into_bytes();
     for (args, want) in [
-        (&[][..], vec!["denied"]),
+        (&[][..], vec!["allowed, 1 warning", "denied"]),
         (
             &["--log-level", "info,gpu_guard::admission=debug"][..],
-            vec!["patched", "denied"],
+            vec!["patched, 1 warning", "allowed, 1 warning", "denied"],
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let (mut child, lines, webhook) = spawn_serve(dir.path(), args);
         let client = child_client(dir.path());
-        for (path, body) in [("mutate", &job), ("validate", &denied_pod)] {
+        for (path, body) in [
+            ("mutate", &job),
+            ("mutate", &unchanged),
+            ("validate", &denied_pod),
+        ] {
             let answer = client
                 .post(format!("https://{webhook}/{path}"))
                 .header("content-type", "application/json")
@@ -1245,7 +1254,12 @@ async fn at_info_only_denials_and_guard_findings_log_a_line_per_review() {
                     let entry: Value = serde_json::from_str(&line).unwrap();
                     if entry["message"] == "admission review" {
                         assert_eq!(entry["target"], "gpu_guard::admission", "{line}");
-                        outcomes.push(entry["outcome"].as_str().unwrap().to_owned());
+                        let outcome = entry["outcome"].as_str().unwrap();
+                        outcomes.push(match entry["warnings"].as_u64().unwrap() {
+                            0 => outcome.to_owned(),
+                            1 => format!("{outcome}, 1 warning"),
+                            n => format!("{outcome}, {n} warnings"),
+                        });
                         if entry["outcome"] == "denied" {
                             break;
                         }

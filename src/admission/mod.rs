@@ -83,6 +83,8 @@ pub struct Reviewed {
     pub patch_bytes: usize,
     /// What the guard decided, when it judged the object: the mode and the outcome.
     pub guard: Option<GuardOutcome>,
+    /// Warnings sent to the client (`response.warnings`).
+    pub warnings: usize,
 }
 
 /// A guard decision, for metrics: the mode in force and what came of it.
@@ -152,6 +154,7 @@ fn review_parsed(
             }
         }
     };
+    let warnings = response.warnings.len();
     Ok(Reviewed {
         body: envelope::encode(&incoming.api_version, response),
         outcome,
@@ -162,6 +165,7 @@ fn review_parsed(
         name: request.name.unwrap_or_default(),
         patch_bytes,
         guard,
+        warnings,
     })
 }
 

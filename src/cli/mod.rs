@@ -125,8 +125,8 @@ pub struct LogArgs {
     #[arg(long, env = "GPU_GUARD_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Log level or tracing filter (e.g. info, debug, gpu_guard=debug). At info `serve` logs a
-    /// line for each denial and guard finding; info,gpu_guard::admission=debug logs one for every
-    /// admission review.
+    /// line for each denial, guard finding and object left unchanged with a warning;
+    /// info,gpu_guard::admission=debug logs one for every admission review.
     #[arg(long, env = "GPU_GUARD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
     /// Colour codes in text logs: auto (only when stderr is a terminal and NO_COLOR is unset),

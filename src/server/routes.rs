@@ -25,7 +25,7 @@ pub fn webhook_router(state: Arc<AppState>) -> Router {
 }
 
 /// The target of the line each review logs: `--log-level info,gpu_guard::admission=debug` logs
-/// every review, not only denials, warnings and audit findings.
+/// every review, not only denials, guard findings and objects left unchanged with warnings.
 pub const REVIEW_LOG_TARGET: &str = "gpu_guard::admission";
 
 async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -107,8 +107,10 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
                 operation: metrics::operation_label(&reviewed.operation),
                 outcome: reviewed.outcome.as_str(),
             });
-            // One line a review, at info only when it tells someone something: a denial, or a
-            // guard warning or audit finding. Routine answers (allowed, patched) are debug:
+            // One line a review, at info only when it tells someone something: a denial, a
+            // guard warning or audit finding, or an object left unchanged with warnings to the
+            // client (a Job gpu-guard could not protect, and why). Routine answers (allowed
+            // without warnings; patched, whose warnings note the changes) are debug:
             // at 200 requests/s, a line each is 17 million lines and about 4 GB a day, and
             // their record is elsewhere (the object's `gpu-guard.io/mutated` annotation, the
             // `mutation` audit annotation in the API server's audit log, the request metrics).
@@ -125,18 +127,21 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
                         operation = reviewed.operation.as_str(),
                         outcome = reviewed.outcome.as_str(),
                         patch_bytes = reviewed.patch_bytes,
+                        warnings = reviewed.warnings,
                         latency_us = latency.as_micros() as u64,
                         "admission review"
                     )
                 };
             }
-            match reviewed.outcome {
-                ReviewOutcome::Denied | ReviewOutcome::Warned | ReviewOutcome::Audited => {
-                    log_review!(tracing::Level::INFO)
-                }
-                ReviewOutcome::Allowed | ReviewOutcome::Patched => {
-                    log_review!(tracing::Level::DEBUG)
-                }
+            let notable = match reviewed.outcome {
+                ReviewOutcome::Denied | ReviewOutcome::Warned | ReviewOutcome::Audited => true,
+                ReviewOutcome::Allowed => reviewed.warnings > 0,
+                ReviewOutcome::Patched => false,
+            };
+            if notable {
+                log_review!(tracing::Level::INFO)
+            } else {
+                log_review!(tracing::Level::DEBUG)
             }
             Response::builder()
                 .status(StatusCode::OK)

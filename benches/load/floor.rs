@@ -142,6 +142,7 @@ fn main() {
                 });
                 continue;
             }
+            // As gpu-guard's `spawn_connection` (src/server/listener.rs) does: keep the two alike.
             while connections.try_join_next().is_some() {}
             let watcher = graceful.watcher();
             connections.spawn(async move {

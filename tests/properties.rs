@@ -1446,3 +1446,70 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The patch check
+
+/// A small JSON document: objects under the keys `a`, `b` and `a/b`, arrays, scalars.
+fn document() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![Just(Value::Null), Just(json!(1)), Just(json!("s"))];
+    leaf.prop_recursive(4, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(prop::sample::select(vec!["a", "b", "a/b"]), inner, 0..3)
+                .prop_map(|fields| {
+                    Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                }),
+        ]
+    })
+}
+
+/// A JSON Pointer of 0-4 tokens, each a key (some escaped, some absent) or an index (some
+/// past the end, some with a leading zero or a sign, which RFC 6901 does not allow), or `-`.
+fn pointer() -> impl Strategy<Value = String> {
+    let token = prop::sample::select(vec!["a", "b", "a~1b", "c", "0", "1", "3", "01", "+1", "-"]);
+    prop::collection::vec(token, 0..5).prop_map(|tokens| {
+        tokens
+            .iter()
+            .map(|token| format!("/{token}"))
+            .collect::<String>()
+    })
+}
+
+fn operation() -> impl Strategy<Value = PatchOperation> {
+    let value = prop_oneof![Just(json!({})), Just(json!([])), Just(json!(7))];
+    let op = prop::sample::select(vec!["add", "add", "remove", "replace"]);
+    (op, pointer(), value).prop_map(|(op, path, value)| {
+        serde_json::from_value(json!({"op": op, "path": path, "value": value}))
+            .expect("a valid operation")
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases() * 4))]
+
+    /// The webhook's check that a patch applies (on a skeleton of the object, with the added
+    /// values' shapes only) judges as applying the whole patch with json-patch does, naming the
+    /// same operation when it fails; patches of `add` only (what gpu-guard builds) and patches
+    /// with `remove` and `replace` alike (not `test`, which compares values the check does not
+    /// keep).
+    #[test]
+    fn the_patch_check_judges_as_json_patch_does(
+        document in document(),
+        operations in prop::collection::vec(operation(), 1..4),
+        adds_only in any::<bool>(),
+    ) {
+        let operations: Vec<PatchOperation> = operations
+            .into_iter()
+            .filter(|op| !adds_only || matches!(op, PatchOperation::Add(_)))
+            .collect();
+        let patch = json_patch::Patch(operations);
+        let checked = patch::check_applies(&document, &patch);
+        let applied = patch::apply(&document, &patch);
+        prop_assert_eq!(
+            checked.as_ref().err().map(|error| error.operation),
+            applied.as_ref().err().map(|error| error.operation),
+            "check: {:?}, apply: {:?}", checked, applied
+        );
+    }
+}

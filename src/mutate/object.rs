@@ -138,7 +138,7 @@ pub enum ObjectError {
         source: JsonError,
     },
     #[error("internal error: the computed patch does not apply to the object: {0}")]
-    PatchDoesNotApply(#[from] json_patch::PatchError),
+    PatchDoesNotApply(#[from] patch::DoesNotApply),
 }
 
 /// Runs the engine on a raw object of a [`MutableKind`], with no DRA objects known. Returns
@@ -274,7 +274,7 @@ fn restore_known(
     dra: &dyn DraFacts,
 ) -> Result<ObjectMutation, ObjectError> {
     let redo = mutate_known(new, kind, policy, dra)?;
-    let redone = patch::apply(new, &redo.patch)?;
+    let redone = patch::apply(new, &redo.patch).map_err(patch::DoesNotApply::from)?;
     let mut owned: Vec<String> = Vec::new();
     let job_fields = |root: &str| -> Vec<String> {
         let containers = format!("{root}{JOB_CONTAINERS}");

@@ -235,28 +235,133 @@ impl Builder<'_> {
     }
 }
 
+/// Why a patch does not apply: the operation (its index in the patch), its path, and what is
+/// wrong there.
+#[derive(Debug, thiserror::Error)]
+#[error("operation '/{operation}' failed at path '{path}': {reason}")]
+pub struct DoesNotApply {
+    pub operation: usize,
+    pub path: String,
+    pub reason: String,
+}
+
+impl From<PatchError> for DoesNotApply {
+    fn from(error: PatchError) -> Self {
+        Self {
+            operation: error.operation,
+            path: error.path.to_string(),
+            reason: error.kind.to_string(),
+        }
+    }
+}
+
 /// Checks that a patch applies to `document` (a raw object, or its skeleton: see
-/// [`job_view`](super::job_view)) without keeping the result. Whether an `add` applies depends on its
-/// path and on what earlier operations created there, not on the content of the values, so
-/// json-patch applies the operations to a copy with each added value replaced by an empty
-/// container of the same kind (no deep copies of the values on the request path).
-pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), PatchError> {
-    let shapes: Vec<PatchOperation> = patch
-        .iter()
-        .map(|operation| match operation {
-            PatchOperation::Add(add) => PatchOperation::Add(AddOperation {
-                path: add.path.clone(),
-                value: match &add.value {
-                    Value::Object(_) => Value::Object(Map::new()),
-                    Value::Array(_) => Value::Array(Vec::new()),
-                    _ => Value::Null,
-                },
-            }),
-            other => other.clone(),
-        })
-        .collect();
+/// [`job_view`](super::job_view)) without keeping the result. Whether an `add` applies depends
+/// on its path and on what earlier operations created there, not on the content of the values,
+/// so the operations are applied, with RFC 6902's rules for `add` (those of json-patch and
+/// serde_json's pointers), to the [`skeleton`] of the document, each added value replaced by an
+/// empty container of the same kind: no deep copies of the values on the request path. A patch
+/// with other operations (gpu-guard builds only `add`) is judged by json-patch itself; a `test`
+/// is judged on the shapes, not the values.
+pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), DoesNotApply> {
     let mut copy = skeleton(document, patch);
-    json_patch::patch_unsafe(&mut copy, &shapes)
+    if !patch
+        .iter()
+        .all(|operation| matches!(operation, PatchOperation::Add(_)))
+    {
+        let shapes: Vec<PatchOperation> = patch
+            .iter()
+            .map(|operation| match operation {
+                PatchOperation::Add(add) => PatchOperation::Add(AddOperation {
+                    path: add.path.clone(),
+                    value: shape(&add.value),
+                }),
+                other => other.clone(),
+            })
+            .collect();
+        return Ok(json_patch::patch_unsafe(&mut copy, &shapes)?);
+    }
+    for (operation, add) in patch.iter().enumerate() {
+        let PatchOperation::Add(add) = add else {
+            unreachable!("checked above: every operation adds");
+        };
+        add_shape(&mut copy, add.path.as_str(), shape(&add.value)).map_err(|reason| {
+            DoesNotApply {
+                operation,
+                path: add.path.to_string(),
+                reason: reason.to_owned(),
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// An empty container of `value`'s kind, or `null`: what an `add` of `value` leaves for later
+/// operations to walk into.
+fn shape(value: &Value) -> Value {
+    match value {
+        Value::Object(_) => Value::Object(Map::new()),
+        Value::Array(_) => Value::Array(Vec::new()),
+        _ => Value::Null,
+    }
+}
+
+/// RFC 6902 `add` of `value` at `pointer` (RFC 6901, encoded): the parent must exist; an
+/// object gets the key, an array the value at an index up to its length (`-` is its length).
+fn add_shape(document: &mut Value, pointer: &str, value: Value) -> Result<(), &'static str> {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        if !pointer.is_empty() {
+            return Err("a JSON Pointer starts with '/'");
+        }
+        *document = value;
+        return Ok(());
+    };
+    let mut target = document;
+    for token in parent.split('/').skip(1) {
+        target = match target {
+            Value::Object(map) => map.get_mut(decoded(token).as_ref()),
+            Value::Array(items) => array_index(token).and_then(|index| items.get_mut(index)),
+            _ => None,
+        }
+        .ok_or("the parent of the path does not exist")?;
+    }
+    match target {
+        Value::Object(map) => {
+            map.insert(decoded(last).into_owned(), value);
+            Ok(())
+        }
+        Value::Array(items) => {
+            let index = match last {
+                "-" => items.len(),
+                _ => array_index(last).ok_or("the last token is not an array index")?,
+            };
+            if index > items.len() {
+                return Err("the index is past the end of the array");
+            }
+            items.insert(index, value);
+            Ok(())
+        }
+        _ => Err("the parent of the path is neither an object nor an array"),
+    }
+}
+
+/// An array index as RFC 6901 writes it: `0`, or digits without a leading zero (serde_json's
+/// and json-patch's reading).
+fn array_index(token: &str) -> Option<usize> {
+    let digits = token.bytes().all(|byte| byte.is_ascii_digit());
+    if !digits || token.is_empty() || (token.len() > 1 && token.starts_with('0')) {
+        return None;
+    }
+    token.parse().ok()
+}
+
+/// A pointer token (RFC 6901, encoded) as the key it names; borrowed unless it has escapes.
+fn decoded(token: &str) -> std::borrow::Cow<'_, str> {
+    if token.contains('~') {
+        std::borrow::Cow::Owned(unescape(token))
+    } else {
+        std::borrow::Cow::Borrowed(token)
+    }
 }
 
 /// The parts of `document` a patch's operations can depend on: for every operation, the chain
@@ -266,38 +371,34 @@ pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), PatchError> 
 fn skeleton(document: &Value, patch: &Patch) -> Value {
     let mut skeleton = empty_like(document);
     for operation in patch.iter() {
-        let tokens: Vec<String> = operation
-            .path()
-            .tokens()
-            .map(|token| token.decoded().into_owned())
-            .collect();
+        let pointer = operation.path().as_str();
         // An `add` needs its parent; any other operation its target too.
-        let walked = match (operation, tokens.split_last()) {
-            (_, None) => continue,
-            (PatchOperation::Add(_), Some((_, parents))) => parents,
-            _ => &tokens[..],
+        let walked = match operation {
+            PatchOperation::Add(_) => pointer.rsplit_once('/').map_or("", |(parent, _)| parent),
+            _ => pointer,
         };
         let (mut from, mut to) = (document, &mut skeleton);
-        for token in walked {
+        for token in walked.split('/').skip(1) {
+            let key = decoded(token);
             let next = match from {
-                Value::Object(map) => map.get(token),
-                Value::Array(items) => token.parse::<usize>().ok().and_then(|i| items.get(i)),
+                Value::Object(map) => map.get(key.as_ref()),
+                Value::Array(items) => array_index(token).and_then(|i| items.get(i)),
                 _ => None,
             };
             let Some(next) = next else { break };
             let slot = match to {
-                Value::Object(map) => map.entry(token.clone()).or_insert_with(|| empty_like(next)),
-                Value::Array(items) => {
-                    match token.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
-                        Some(slot) => {
-                            if slot.is_null() {
-                                *slot = empty_like(next);
-                            }
-                            slot
+                Value::Object(map) => map
+                    .entry(key.into_owned())
+                    .or_insert_with(|| empty_like(next)),
+                Value::Array(items) => match array_index(token).and_then(|i| items.get_mut(i)) {
+                    Some(slot) => {
+                        if slot.is_null() {
+                            *slot = empty_like(next);
                         }
-                        None => break,
+                        slot
                     }
-                }
+                    None => break,
+                },
                 _ => break,
             };
             (from, to) = (next, slot);
@@ -311,14 +412,9 @@ fn skeleton(document: &Value, patch: &Patch) -> Value {
 fn lookup<'v>(value: &'v Value, parts: &[&str]) -> Option<&'v Value> {
     let mut current = value;
     for token in parts.iter().flat_map(|part| part.split('/').skip(1)) {
-        let token = if token.contains('~') {
-            std::borrow::Cow::Owned(unescape(token))
-        } else {
-            std::borrow::Cow::Borrowed(token)
-        };
         current = match current {
-            Value::Object(map) => map.get(token.as_ref())?,
-            Value::Array(items) => items.get(token.parse::<usize>().ok()?)?,
+            Value::Object(map) => map.get(decoded(token).as_ref())?,
+            Value::Array(items) => items.get(array_index(token)?)?,
             _ => return None,
         };
     }

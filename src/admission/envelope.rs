@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::decode::{self, JsonError};
+use crate::decode::JsonError;
 
 /// At most this many characters in one admission warning (the API server's limit is 120).
 pub const MAX_WARNING_CHARS: usize = 120;
@@ -133,11 +133,12 @@ pub struct GroupVersionKind {
     pub kind: String,
 }
 
-/// Parses the envelope (the body, or the body without its object) and checks what every
-/// request must have: a supported apiVersion, the kind, a request with a uid.
-pub(super) fn parse(envelope: &[u8]) -> Result<IncomingReview<'_>, ReviewError> {
-    let incoming: IncomingReview =
-        decode::from_json_slice(envelope).map_err(ReviewError::NotJson)?;
+/// Checks what every request must have in the decoded envelope (the body, or the body without
+/// its object): a supported apiVersion, the kind, a request with a uid.
+pub(super) fn parse(
+    decoded: Result<IncomingReview<'_>, JsonError>,
+) -> Result<IncomingReview<'_>, ReviewError> {
+    let incoming = decoded.map_err(ReviewError::NotJson)?;
     if !SUPPORTED_VERSIONS.contains(&incoming.api_version.as_str()) {
         return Err(ReviewError::UnsupportedVersion(incoming.api_version));
     }

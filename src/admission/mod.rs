@@ -25,6 +25,7 @@ pub use envelope::{
 
 use serde_json::value::RawValue;
 
+use crate::decode;
 use crate::guard::ClusterView;
 use crate::policy::{GuardMode, Policy};
 use envelope::{BodyScan, scan_body};
@@ -109,31 +110,42 @@ pub fn review(
     if scan.too_deep {
         return Err(ReviewError::TooDeep);
     }
+    // One reader for the whole request: the envelope and the object are decoded from text, so
+    // serde_json's byte reader (a second copy of the decoder's code, fetched again by every
+    // request) runs only for a body that is not UTF-8, whose error it places.
+    let Ok(text) = std::str::from_utf8(body) else {
+        let incoming = envelope::parse(decode::from_json_slice(body))?;
+        return review_parsed(webhook, incoming, None, policy, view);
+    };
     let split = scan.object.and_then(|range| {
-        let object = std::str::from_utf8(&body[range.clone()]).ok()?;
-        let mut envelope = Vec::with_capacity(body.len() - range.len() + 4);
-        envelope.extend_from_slice(&body[..range.start]);
-        envelope.extend_from_slice(b"null");
-        envelope.extend_from_slice(&body[range.end..]);
+        let object = text.get(range.clone())?;
+        let mut envelope = String::with_capacity(body.len() - range.len() + 4);
+        envelope.push_str(text.get(..range.start)?);
+        envelope.push_str("null");
+        envelope.push_str(text.get(range.end..)?);
         Some((envelope, object))
     });
-    review_parsed(webhook, body, split, policy, view)
+    match &split {
+        Some((envelope, object)) => {
+            let incoming = envelope::parse(decode::from_json_str(envelope))?;
+            review_parsed(webhook, incoming, Some(object), policy, view)
+        }
+        None => {
+            let incoming = envelope::parse(decode::from_json_str(text))?;
+            review_parsed(webhook, incoming, None, policy, view)
+        }
+    }
 }
 
-/// [`review`] after the scan: `split` is the envelope without its object and the object,
-/// when the scan found it; otherwise the whole body is parsed.
+/// [`review`] after the scan and the envelope: `split_object` is the object, when the scan
+/// found it and the envelope was parsed without it.
 fn review_parsed(
     webhook: Webhook,
-    body: &[u8],
-    split: Option<(Vec<u8>, &str)>,
+    incoming: envelope::IncomingReview<'_>,
+    split_object: Option<&str>,
     policy: &Policy,
     view: &dyn ClusterView,
 ) -> Result<Reviewed, ReviewError> {
-    let (envelope, split_object): (&[u8], _) = match &split {
-        Some((envelope, object)) => (envelope, Some(*object)),
-        None => (body, None),
-    };
-    let incoming = envelope::parse(envelope)?;
     let request = incoming.request.ok_or(ReviewError::MissingRequest)?;
     let object = split_object.or(request.object.map(RawValue::get));
     let mut response = Response {
@@ -294,6 +306,32 @@ mod tests {
     }
 
     #[test]
+    fn a_body_that_is_not_utf8_is_refused_with_where_the_bad_byte_is() {
+        let policy = Policy::embedded();
+        let view = guard::StaticView::from_policy(&policy.guard.offline);
+        let body = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/admission/009-Job-CREATE-mutate.json"
+        ))
+        .unwrap();
+        let text = String::from_utf8(body.clone()).unwrap();
+        // A Latin-1 byte in the object (its apiVersion), then in the envelope (the namespace).
+        for anchor in ["\"batch/v1\"", "\"gpu-lab\""] {
+            let at = text.find(anchor).unwrap_or_else(|| panic!("{anchor}")) + 2;
+            let mut bad = body.clone();
+            bad[at] = 0xe9;
+            let error = review(Webhook::Mutate, &bad, &policy, &view).unwrap_err();
+            let message = error.to_string();
+            let line = text[..at].matches('\n').count() + 1;
+            assert!(matches!(error, ReviewError::NotJson(_)), "{message}");
+            assert!(
+                message.contains(&format!("line {line}")),
+                "{anchor}: {message}"
+            );
+        }
+    }
+
+    #[test]
     fn the_split_and_the_whole_body_give_the_same_answer() {
         let policy = Policy::embedded();
         let view = guard::StaticView::from_policy(&policy.guard.offline);
@@ -308,7 +346,9 @@ mod tests {
             assert!(scan_body(&body, MAX_DEPTH).object.is_some(), "{path:?}");
             for webhook in [Webhook::Mutate, Webhook::Validate] {
                 let fast = review(webhook, &body, &policy, &view).unwrap();
-                let whole = review_parsed(webhook, &body, None, &policy, &view).unwrap();
+                // The whole body, read as bytes: what a body that is not UTF-8 goes through.
+                let incoming = envelope::parse(decode::from_json_slice(&body)).unwrap();
+                let whole = review_parsed(webhook, incoming, None, &policy, &view).unwrap();
                 assert_eq!(fast.body, whole.body, "{path:?}");
             }
             checked += 1;

@@ -56,7 +56,8 @@ cleanup() {
 trap cleanup EXIT
 
 # Both servers on the same core, one loaded at a time; the load generator on the other.
-# gpu-guard as shipped: default log level (info, one line a request), offline cluster view.
+# gpu-guard as shipped: default log level (info: a line for a denial, a warning or a finding, none
+# for a routine patch, docs/operations.md#which-reviews-log-a-line), offline cluster view.
 taskset -c "$SERVER_CPU" "$GPU_GUARD" serve --no-cluster \
     --listen 127.0.0.1:18443 --admin-listen 127.0.0.1:18080 --drain-delay-seconds 0 \
     --tls-cert-file "$OUT/certs/tls.crt" --tls-key-file "$OUT/certs/tls.key" \

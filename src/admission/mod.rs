@@ -186,15 +186,20 @@ mod tests {
     use super::*;
     use crate::guard;
 
+    /// A Job's CREATE review as kube-apiserver v1.36 sent it (a recorded fixture).
+    fn job_review_body() -> Vec<u8> {
+        std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/admission/009-Job-CREATE-mutate.json"
+        ))
+        .unwrap()
+    }
+
     #[test]
     fn truncated_bodies_never_panic_the_scan_or_the_review() {
         let policy = Policy::embedded();
         let view = guard::StaticView::from_policy(&policy.guard.offline);
-        let body = std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/admission/009-Job-CREATE-mutate.json"
-        ))
-        .unwrap();
+        let body = job_review_body();
         for text in [
             &br#"{"a":"\"#[..],
             br#""\"#,
@@ -309,11 +314,7 @@ mod tests {
     fn a_body_that_is_not_utf8_is_refused_with_where_the_bad_byte_is() {
         let policy = Policy::embedded();
         let view = guard::StaticView::from_policy(&policy.guard.offline);
-        let body = std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/admission/009-Job-CREATE-mutate.json"
-        ))
-        .unwrap();
+        let body = job_review_body();
         let text = String::from_utf8(body.clone()).unwrap();
         // A Latin-1 byte in the object (its apiVersion), then in the envelope (the namespace).
         for anchor in ["\"batch/v1\"", "\"gpu-lab\""] {

@@ -265,25 +265,10 @@ impl From<PatchError> for DoesNotApply {
 /// is judged on the shapes, not the values.
 pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), DoesNotApply> {
     let mut copy = skeleton(document, patch);
-    if !patch
-        .iter()
-        .all(|operation| matches!(operation, PatchOperation::Add(_)))
-    {
-        let shapes: Vec<PatchOperation> = patch
-            .iter()
-            .map(|operation| match operation {
-                PatchOperation::Add(add) => PatchOperation::Add(AddOperation {
-                    path: add.path.clone(),
-                    value: shape(&add.value),
-                }),
-                other => other.clone(),
-            })
-            .collect();
-        return Ok(json_patch::patch_unsafe(&mut copy, &shapes)?);
-    }
-    for (operation, add) in patch.iter().enumerate() {
-        let PatchOperation::Add(add) = add else {
-            unreachable!("checked above: every operation adds");
+    for (operation, item) in patch.iter().enumerate() {
+        let PatchOperation::Add(add) = item else {
+            // Not a patch gpu-guard built: json-patch judges the whole of it.
+            return check_with_json_patch(document, patch);
         };
         add_shape(&mut copy, add.path.as_str(), shape(&add.value)).map_err(|reason| {
             DoesNotApply {
@@ -294,6 +279,25 @@ pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), DoesNotApply
         })?;
     }
     Ok(())
+}
+
+/// [`check_applies`] for any patch: json-patch applies it to the skeleton, each added value
+/// replaced by its shape.
+fn check_with_json_patch(document: &Value, patch: &Patch) -> Result<(), DoesNotApply> {
+    let shapes: Vec<PatchOperation> = patch
+        .iter()
+        .map(|operation| match operation {
+            PatchOperation::Add(add) => PatchOperation::Add(AddOperation {
+                path: add.path.clone(),
+                value: shape(&add.value),
+            }),
+            other => other.clone(),
+        })
+        .collect();
+    Ok(json_patch::patch_unsafe(
+        &mut skeleton(document, patch),
+        &shapes,
+    )?)
 }
 
 /// An empty container of `value`'s kind, or `null`: what an `add` of `value` leaves for later

@@ -125,16 +125,12 @@ pub fn review(
         envelope.push_str(text.get(range.end..)?);
         Some((envelope, object))
     });
-    match &split {
-        Some((envelope, object)) => {
-            let incoming = envelope::parse(decode::from_json_str(envelope))?;
-            review_parsed(webhook, incoming, Some(object), policy, view)
-        }
-        None => {
-            let incoming = envelope::parse(decode::from_json_str(text))?;
-            review_parsed(webhook, incoming, None, policy, view)
-        }
-    }
+    let (envelope, object) = match &split {
+        Some((envelope, object)) => (envelope.as_str(), Some(*object)),
+        None => (text, None),
+    };
+    let incoming = envelope::parse(decode::from_json_str(envelope))?;
+    review_parsed(webhook, incoming, object, policy, view)
 }
 
 /// [`review`] after the scan and the envelope: `split_object` is the object, when the scan

@@ -25,7 +25,7 @@ use crate::policy::{
     ExistingPolicy, ExitCodeRule, FailurePolicySettings, OnFailureRestartPolicy,
     PodReplacementPolicy, RuleAction,
 };
-use crate::rules::job::MAX_RULES;
+use crate::rules::job::{MAX_RULES, exit_codes_match};
 
 /// Adds the podFailurePolicy (and the restart and replacement policies it needs) to a draft.
 pub(super) fn apply(
@@ -338,25 +338,38 @@ fn exit_code_rule(
             // A rule for every container must respect every container's own rules.
             (None, Some(_)) => true,
         };
-        if requirement.operator != "In" || !applies {
+        if !applies {
             continue;
         }
-        let taken: Vec<i32> = requirement
-            .values
+        // `NotIn` decides every code it does not list ("fail on any error"): the device codes
+        // it covers are the Job's to decide, as with `In`.
+        let taken: Vec<i32> = codes
             .iter()
             .copied()
-            .filter(|code| codes.remove(code))
+            .filter(|&code| exit_codes_match(requirement, code))
             .collect();
-        if !taken.is_empty() && rule.action != action.as_str() {
+        for code in &taken {
+            codes.remove(code);
+        }
+        // In a gang the action alone does not say what happens: the JobSet's rules read the
+        // index of the matching rule, and the Job's own rule is not one of gpu-guard's.
+        let differs = rule.action != action.as_str() || shape.role == JobRole::JobSetReplica;
+        if !taken.is_empty() && differs {
+            let effect = match shape.role {
+                JobRole::Standalone => "they are not retried as device failures",
+                JobRole::JobSetReplica => "they do not restart the gang as device failures",
+            };
+            // What matters first: admission warnings are cut at 120 characters.
             notes.push(format!(
-                "the Job's own {} rule handles exit code(s) {taken:?}{}; gpu-guard leaves them \
-                 to it",
-                rule.action,
+                "exit code(s) {taken:?}{} are left to the Job's own {} rule ({} {:?}): {effect}",
                 requirement
                     .container_name
                     .as_deref()
                     .map(|c| format!(" of {c}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                rule.action,
+                requirement.operator,
+                requirement.values,
             ));
         }
     }

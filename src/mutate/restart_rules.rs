@@ -30,6 +30,7 @@ use k8s_openapi::api::core::v1::{
 use super::{Change, Draft, workload::DeviceContainers};
 use crate::policy::RestartRuleSettings;
 use crate::rules::container::{MAX_RESTART_RULES, rule_matches};
+use crate::rules::job::exit_codes_match;
 
 /// Adds the restart rules the policy asks for to a draft.
 pub(super) fn apply(draft: &mut Draft, devices: &DeviceContainers, settings: &RestartRuleSettings) {
@@ -75,19 +76,25 @@ fn plan(
         if !devices.targets.contains(&container.name) {
             continue;
         }
-        // The codes a podFailurePolicy rule names for this container: a restart rule must
-        // leave them to it.
-        let protected: BTreeSet<i32> = failure_rules
+        // The codes a podFailurePolicy rule decides for this container (a `NotIn` rule every
+        // code it does not list): a restart rule must leave them to it. A container's exit
+        // code is its process's exit status, 0 to 255.
+        let for_container: Vec<_> = failure_rules
             .iter()
             .filter_map(|rule| rule.on_exit_codes.as_ref())
             .filter(|codes| {
-                codes.operator == "In"
-                    && codes
-                        .container_name
-                        .as_deref()
-                        .is_none_or(|name| name == container.name)
+                codes
+                    .container_name
+                    .as_deref()
+                    .is_none_or(|name| name == container.name)
             })
-            .flat_map(|codes| codes.values.iter().copied())
+            .collect();
+        let protected: BTreeSet<i32> = (1..=255)
+            .filter(|&code| {
+                for_container
+                    .iter()
+                    .any(|codes| exit_codes_match(codes, code))
+            })
             .collect();
         let own = container
             .restart_policy_rules

@@ -246,6 +246,61 @@ fn the_jobs_own_rule_wins_for_the_codes_and_conditions_it_handles() {
 }
 
 #[test]
+fn a_not_in_rule_of_the_job_decides_every_device_code_it_does_not_list() {
+    // "Fail on any error" (the shape of the Kubernetes docs' podFailurePolicy examples): the
+    // Job controller takes the first matching rule, and `NotIn [0]` matches 74, 75 and 138.
+    // An Ignore rule put in front of it would retry a deterministic exit 74 without end.
+    let fail_on_any_error = json!({"action": "FailJob", "onExitCodes":
+        {"containerName": "main", "operator": "NotIn", "values": [0]}});
+    let input = gpu_job(
+        json!({}),
+        json!({"podFailurePolicy": {"rules": [fail_on_any_error.clone()]}}),
+    );
+    let outcome = mutate_job(&input, &Policy::default());
+    assert_eq!(
+        rules(&outcome),
+        vec![
+            condition_rule("DisruptionTarget", "Ignore"),
+            condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
+            fail_on_any_error,
+        ]
+    );
+    assert!(
+        outcome.warnings.iter().any(|w| w.contains(
+            "exit code(s) [74, 75, 138] of main are left to the Job's own FailJob rule (NotIn \
+             [0]): they are not retried as device failures"
+        )),
+        "{:?}",
+        outcome.warnings
+    );
+    assert!(rules::job::check_job(&outcome.job).is_empty());
+    let again = mutate_job(&outcome.job, &Policy::default());
+    assert!(!again.is_changed(), "{:?}", again.changes);
+
+    // A NotIn rule that lists a device code leaves that one code to gpu-guard.
+    let but_75 =
+        json!({"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [75, 143]}});
+    let input = gpu_job(json!({}), json!({"podFailurePolicy": {"rules": [but_75]}}));
+    let outcome = mutate_job(&input, &Policy::default());
+    assert_eq!(rules(&outcome)[2], exit_rule("main", "Ignore", &[75]));
+
+    // A NotIn rule for another container decides nothing for `main`.
+    let other = json!({"action": "FailJob", "onExitCodes":
+        {"containerName": "logger", "operator": "NotIn", "values": [0]}});
+    let input = gpu_job(
+        json!({"containers": [
+            {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            {"name": "logger"}]}),
+        json!({"podFailurePolicy": {"rules": [other]}}),
+    );
+    let outcome = mutate_job(&input, &Policy::default());
+    assert_eq!(
+        rules(&outcome)[2],
+        exit_rule("main", "Ignore", &[74, 75, 138])
+    );
+}
+
+#[test]
 fn keep_and_replace_modes() {
     let own = json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[42])]}});
     let mut policy = Policy::default();

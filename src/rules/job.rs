@@ -94,6 +94,23 @@ pub fn check_job_spec(spec: &JobSpec, path: &FieldPath) -> Vec<Violation> {
     violations
 }
 
+/// Whether an `onExitCodes` requirement matches a container that exited with `code`, as the
+/// Job controller decides (Kubernetes v1.36 `pkg/controller/job/pod_failure_policy.go`,
+/// `isOnExitCodesOperatorMatching`): `In` matches a listed code, `NotIn` every code it does not
+/// list, and exit code 0 never matches (the controller skips containers that succeeded).
+/// `containerName` is the caller's to check.
+pub fn exit_codes_match(requirement: &PodFailurePolicyOnExitCodesRequirement, code: i32) -> bool {
+    if code == 0 {
+        return false;
+    }
+    let listed = requirement.values.contains(&code);
+    match requirement.operator.as_str() {
+        "In" => listed,
+        "NotIn" => !listed,
+        _ => false,
+    }
+}
+
 fn check_pod_failure_policy(
     spec: &JobSpec,
     policy: &PodFailurePolicy,

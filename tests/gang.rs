@@ -226,3 +226,173 @@ fn a_child_job_of_a_jobset_gets_no_per_pod_rules_and_the_audit_says_why() {
     let plain = mutate(&fixture("001-Job-CREATE-mutate.json"));
     assert_eq!(plain.outcome, ReviewOutcome::Patched);
 }
+
+/// The response's warnings.
+fn warnings(reviewed: &Reviewed) -> Vec<String> {
+    response(reviewed)["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|warning| warning.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The engine's whole warnings for a JobSet object (the CLI prints them uncut).
+fn full_warnings(jobset: &Value) -> Vec<String> {
+    let mutation = gpu_guard::mutate::object::mutate_object(jobset, &Policy::embedded())
+        .expect("a JobSet")
+        .expect("it decodes");
+    mutation.outcome.warnings().to_vec()
+}
+
+#[test]
+fn a_child_rule_that_fails_on_any_error_keeps_the_device_codes_it_decides() {
+    // The failure-policy shape of JobSet's KEP-262: the leader's Job fails on any exit code
+    // but 143 (`NotIn`), and the JobSet fails on a podFailurePolicy failure. gpu-guard's own
+    // exit-code rule in front would turn exit 74 into a gang restart; the user said fail.
+    let mut jobset = with_gpus(
+        manifest("jobset/onjobfailurereasons-present-podfailurepolicy.yaml"),
+        "/spec",
+    );
+    jobset["metadata"]["namespace"] = json!("gpu-lab");
+    let leader_rule = json!({"action": "FailJob", "onExitCodes":
+        {"containerName": "leader", "operator": "NotIn", "values": [143]}});
+    jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"] =
+        json!({"rules": [leader_rule.clone()]});
+    jobset["spec"]["failurePolicy"]["rules"] = json!([{"name": "leaderFails", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]);
+    let reviewed = mutate(&review_of(JOBSET, &jobset, None, "alice"));
+    assert_eq!(reviewed.outcome, ReviewOutcome::Patched);
+    let stored = patched(&jobset, &reviewed);
+    let leader =
+        &stored["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"];
+    // The condition rules go first; no exit-code rule of gpu-guard's; the user's rule last.
+    let leader = leader.as_array().unwrap();
+    assert_eq!(leader.last(), Some(&leader_rule));
+    assert!(
+        leader
+            .iter()
+            .all(|rule| rule.get("onExitCodes").is_none() || rule == &leader_rule),
+        "{leader:?}"
+    );
+    // The workers have no rule of their own: they get the device codes.
+    let workers =
+        &stored["spec"]["replicatedJobs"][1]["template"]["spec"]["podFailurePolicy"]["rules"];
+    assert!(
+        workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|rule| rule["onExitCodes"]["values"] == json!([74, 75, 138])),
+        "{workers}"
+    );
+    assert!(
+        warnings(&reviewed).iter().any(|w| w.contains(
+            "replicatedJob leader: exit code(s) [74, 75, 138] of leader are left to the Job's \
+             own FailJob rule"
+        )),
+        "{:?}",
+        warnings(&reviewed)
+    );
+    let spec = jobset_spec(&stored, "/spec");
+    assert_eq!(check_jobset_spec(&spec, &FieldPath::new(["spec"])), vec![]);
+}
+
+#[test]
+fn null_fields_of_a_jobset_read_as_absent() {
+    // JobSet's config/samples leave keys empty (`spec:`), and so do hand-written manifests
+    // (`rules:`); the API server drops such nulls of a custom resource before defaulting.
+    let mut jobset = with_gpus(manifest("jobset/kueue-sample-jobset.yaml"), "/spec");
+    jobset["metadata"]["namespace"] = json!("gpu-lab");
+    jobset["spec"]["failurePolicy"] = json!({"maxRestarts": null, "rules": null});
+    jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["tolerations"] =
+        json!(null);
+    let reviewed = mutate(&review_of(JOBSET, &jobset, None, "alice"));
+    assert_eq!(reviewed.outcome, ReviewOutcome::Patched, "{:?}", reviewed);
+    let stored = patched(&jobset, &reviewed);
+    assert_eq!(
+        stored["spec"]["failurePolicy"]["rules"][0]["name"],
+        "gpuGuardDeviceRestart"
+    );
+    let spec = jobset_spec(&stored, "/spec");
+    assert_eq!(check_jobset_spec(&spec, &FieldPath::new(["spec"])), vec![]);
+
+    // `spec: null`: nothing to protect, nothing refused.
+    let empty = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "empty", "namespace": "gpu-lab"}, "spec": null});
+    let reviewed = mutate(&review_of(JOBSET, &empty, None, "alice"));
+    assert_eq!(reviewed.outcome, ReviewOutcome::Allowed);
+    assert_eq!(reviewed.patch_bytes, 0);
+}
+
+#[test]
+fn a_gpu_jobset_that_jobset_would_refuse_is_left_unchanged_with_the_reason() {
+    let base = || {
+        let mut jobset = with_gpus(manifest("jobset/kueue-sample-jobset.yaml"), "/spec");
+        jobset["metadata"]["namespace"] = json!("gpu-lab");
+        jobset
+    };
+    let first_name = base()["spec"]["replicatedJobs"][0]["name"].clone();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "a rule naming a missing replicated Job",
+            json!({"rules": [{"name": "r", "action": "RestartJobSet",
+                "targetReplicatedJobs": ["leader-typo"]}]}),
+            "spec.failurePolicy.rules[0].targetReplicatedJobs[0]: Invalid value: \"leader-typo\"",
+        ),
+        (
+            "an action the CRD does not know",
+            json!({"rules": [{"name": "r", "action": "RestartJobset"}]}),
+            "spec.failurePolicy.rules[0].action: Unsupported value: \"RestartJobset\"",
+        ),
+    ];
+    for (case, failure_policy, violation) in cases {
+        let mut jobset = base();
+        jobset["spec"]["failurePolicy"] = failure_policy;
+        let reviewed = mutate(&review_of(JOBSET, &jobset, None, "alice"));
+        assert_eq!(reviewed.outcome, ReviewOutcome::Allowed, "{case}");
+        assert_eq!(reviewed.patch_bytes, 0, "{case}");
+        let warnings = warnings(&reviewed);
+        assert!(
+            warnings.iter().any(|w| w.starts_with(
+                "gpu-guard: JobSet left unchanged: JobSet's webhook or the API server will reject"
+            )),
+            "{case}: {warnings:?}"
+        );
+        // The whole warning (the webhook's are cut at 120 characters) names the field.
+        let full = full_warnings(&jobset);
+        assert!(
+            full.iter().any(|w| w.contains(violation)),
+            "{case}: {full:?}"
+        );
+        assert!(
+            !warnings.iter().any(|w| w.contains("raised from")),
+            "{case}: no warning tells of a change that was not made: {warnings:?}"
+        );
+    }
+
+    // A replicated Job name the child Job names cannot carry (JobSet names them
+    // `<jobset>-<replicatedJob>-<index>`, a DNS-1035 label).
+    let mut jobset = base();
+    jobset["spec"]["replicatedJobs"][0]["name"] = json!("Workers_1");
+    let reviewed = mutate(&review_of(JOBSET, &jobset, None, "alice"));
+    assert_eq!(reviewed.patch_bytes, 0);
+    assert!(
+        full_warnings(&jobset).iter().any(|w| w.contains(
+            "spec.replicatedJobs[0].name: Invalid value: \"Workers_1\": the child Job name"
+        )),
+        "{:?}",
+        full_warnings(&jobset)
+    );
+    // A JobSet name that makes the child Job names longer than 63 characters.
+    let mut jobset = base();
+    jobset["metadata"]["name"] = json!("a".repeat(60));
+    let reviewed = mutate(&review_of(JOBSET, &jobset, None, "alice"));
+    assert_eq!(reviewed.patch_bytes, 0, "{first_name}");
+    assert!(
+        full_warnings(&jobset)
+            .iter()
+            .any(|w| w.contains("job names generated for this JobSet will exceed 63 characters")),
+        "{:?}",
+        full_warnings(&jobset)
+    );
+}

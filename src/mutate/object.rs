@@ -408,7 +408,11 @@ fn jobset_mutation(
 ) -> Result<ObjectMutation, ObjectError> {
     let root = kind.jobset_spec_root().unwrap_or("/spec");
     let path = FieldPath::new(root.trim_start_matches('/').split('/'));
-    let outcome = mutate_jobset(metadata, spec, &path, policy, dra);
+    let jobset_name = (kind == MutableKind::JobSet)
+        .then_some(metadata.name.as_deref())
+        .flatten()
+        .filter(|name| !name.is_empty());
+    let outcome = mutate_jobset(metadata, jobset_name, spec, &path, policy, dra);
     let patch = patch::jobset_operations(&outcome, raw, root);
     if !patch.is_empty() {
         patch::check_applies(raw, &patch)?;
@@ -426,7 +430,10 @@ fn part<T: serde::de::DeserializeOwned>(
     pointer: &str,
     kind: MutableKind,
 ) -> Result<Option<T>, ObjectError> {
+    // A null part is an absent one: the API server drops the null fields of a custom resource
+    // (see `rules::jobset::JobSetSpec`) and decodes a built-in type's null as its zero value.
     raw.pointer(pointer)
+        .filter(|value| !value.is_null())
         .map(decode::from_json_value)
         .transpose()
         .map_err(|source| ObjectError::Decode {

@@ -16,9 +16,10 @@
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::batch::v1::{JobSpec, JobTemplateSpec};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::job::check_job_spec;
+use super::names;
 use crate::field::{FieldPath, Violation, quote};
 
 /// The API group of JobSet.
@@ -60,6 +61,7 @@ pub const MAX_RESTART_JOB_REPLICAS: i32 = 1024;
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct JobSetSpec {
+    #[serde(deserialize_with = "null_as_default")]
     pub replicated_jobs: Vec<ReplicatedJob>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_policy: Option<FailurePolicy>,
@@ -71,9 +73,11 @@ pub struct JobSetSpec {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ReplicatedJob {
+    #[serde(deserialize_with = "null_as_default")]
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
+    #[serde(deserialize_with = "null_as_default")]
     pub template: JobTemplateSpec,
 }
 
@@ -85,7 +89,10 @@ pub struct FailurePolicy {
     pub max_restarts: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restart_strategy: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub rules: Vec<FailurePolicyRule>,
 }
 
@@ -94,14 +101,37 @@ pub struct FailurePolicy {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct FailurePolicyRule {
+    #[serde(deserialize_with = "null_as_default")]
     pub name: String,
+    #[serde(deserialize_with = "null_as_default")]
     pub action: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub on_job_failure_reasons: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub on_job_failure_message_patterns: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub target_replicated_jobs: Vec<String>,
+}
+
+/// A field given as `null` reads as absent. The API server prunes the null fields of a custom
+/// resource before defaulting unless its schema says `nullable` (Kubernetes CRD docs,
+/// "Defaulting and Nullable"; JobSet's CRD says it nowhere), so JobSet's webhook and
+/// controller never see them, and manifests written with an empty key (`rules:`) are accepted.
+fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// The name JobSet's defaulting webhook gives an unnamed rule at `index`.
@@ -145,6 +175,68 @@ pub fn check_jobset_spec(spec: &JobSetSpec, path: &FieldPath) -> Vec<Violation> 
     }
     if let Some(policy) = &spec.failure_policy {
         check_failure_policy(spec, policy, &names, path, &mut violations);
+    }
+    violations
+}
+
+/// The names JobSet gives a JobSet's child Jobs (`<jobset>-<replicatedJob>-<index>`) and, for
+/// an Indexed Job with `completions`, their pods (`<job>-<pod index>-<5 characters>`) must be
+/// DNS-1035 labels (`jobset_webhook.go` L233-256, `pkg/util/placement/placement.go`); JobSet's
+/// webhook checks the longest of each. `jobset_name` is `None` for a Trainer runtime's
+/// template, whose JobSets take their TrainJob's name: then only the form of the replicated
+/// Job's own name is checked, not the length.
+pub fn check_generated_names(
+    jobset_name: Option<&str>,
+    spec: &JobSetSpec,
+    path: &FieldPath,
+) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    // A stand-in that is a valid label on its own, so that only the replicated Job's name
+    // can make the generated name invalid.
+    let jobset = jobset_name.unwrap_or("x");
+    for (index, job) in spec.replicated_jobs.iter().enumerate() {
+        let name_path = path.child("replicatedJobs").index(index).child("name");
+        let last_job = job.replicas.unwrap_or(1).saturating_sub(1);
+        let job_name = format!("{jobset}-{}-{last_job}", job.name);
+        let mut problems = names::dns1035_label_errors(&job_name);
+        let too_long = |problems: &[String]| problems.iter().any(|p| p == names::DNS1035_TOO_LONG);
+        let job_too_long = too_long(&problems);
+        problems.retain(|problem| problem != names::DNS1035_TOO_LONG);
+        for problem in problems {
+            violations.push(Violation::invalid(
+                name_path.clone(),
+                quote(&job.name),
+                format!("the child Job name {job_name:?} is not valid: {problem}"),
+            ));
+        }
+        if jobset_name.is_none() {
+            continue;
+        }
+        if job_too_long {
+            violations.push(Violation::invalid(
+                name_path.clone(),
+                quote(&job.name),
+                "JobSet name is too long, job names generated for this JobSet will exceed 63 \
+                 characters",
+            ));
+            continue;
+        }
+        let indexed_completions = job.template.spec.as_ref().and_then(|spec| {
+            (spec.completion_mode.as_deref() == Some("Indexed"))
+                .then_some(spec.completions)
+                .flatten()
+        });
+        if let Some(completions) = indexed_completions {
+            let pod_name = format!("{job_name}-{}-abcde", completions.saturating_sub(1));
+            if too_long(&names::dns1035_label_errors(&pod_name)) {
+                violations.push(Violation::invalid(
+                    name_path,
+                    quote(&job.name),
+                    "JobSet name is too long, pod names generated for this JobSet will exceed 63 \
+                     characters",
+                ));
+            }
+        }
     }
     violations
 }

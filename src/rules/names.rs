@@ -90,6 +90,37 @@ pub fn dns_label_errors(value: &str) -> Vec<String> {
     }
 }
 
+/// Checks a DNS-1035 label (apimachinery `IsDNS1035Label`: a Service name, a JobSet's child
+/// Job names): at most 63 lower case alphanumerics or '-', starting with a letter and ending
+/// with an alphanumeric character. The length and the form are reported apart, as
+/// apimachinery does, so a caller can tell them apart.
+pub fn dns1035_label_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > 63 {
+        errors.push(DNS1035_TOO_LONG.to_owned());
+    }
+    let bytes = value.as_bytes();
+    let valid = bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes
+            .last()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    if !valid {
+        errors.push(
+            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start \
+             with an alphabetic character, and end with an alphanumeric character (e.g. \
+             'my-name' or 'abc-123')"
+                .to_owned(),
+        );
+    }
+    errors
+}
+
+/// [`dns1035_label_errors`]'s message for a label over 63 characters (apimachinery's).
+pub const DNS1035_TOO_LONG: &str = "must be no more than 63 characters";
+
 /// Checks a label value: empty, or at most 63 alphanumerics, '-', '_' or '.', starting and
 /// ending with an alphanumeric character.
 pub fn label_value_errors(value: &str) -> Vec<String> {
@@ -107,6 +138,21 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns1035_labels() {
+        for good in ["a", "worker", "leader-0", "a1-b2"] {
+            assert!(dns1035_label_errors(good).is_empty(), "{good}");
+        }
+        for bad in ["", "0worker", "Worker", "work_er", "worker-", "a.b"] {
+            assert_eq!(dns1035_label_errors(bad).len(), 1, "{bad}");
+        }
+        assert!(dns1035_label_errors(&"a".repeat(63)).is_empty());
+        assert_eq!(
+            dns1035_label_errors(&"a".repeat(64)),
+            [DNS1035_TOO_LONG.to_owned()]
+        );
+    }
 
     #[test]
     fn qualified_names() {

@@ -37,7 +37,8 @@ use crate::field::FieldPath;
 use crate::policy::DraFacts;
 use crate::policy::{ExistingPolicy, Policy, RuleAction};
 use crate::rules::jobset::{
-    FailurePolicy, FailurePolicyRule, JobSetSpec, check_jobset_spec, default_rule_name,
+    FailurePolicy, FailurePolicyRule, JobSetSpec, check_generated_names, check_jobset_spec,
+    default_rule_name,
 };
 
 /// The prefix of every failure-policy rule gpu-guard adds (a valid JobSet rule name start).
@@ -100,9 +101,12 @@ impl JobSetOutcome {
 }
 
 /// Mutates a JobSet spec whose object has `metadata`; `path` is where the spec is
-/// (`spec`, or `spec.template.spec` in a Trainer runtime), for messages.
+/// (`spec`, or `spec.template.spec` in a Trainer runtime), for messages. `jobset_name` is the
+/// name of the JobSet the spec is (`None` for a Trainer runtime, whose JobSets take their
+/// TrainJob's name): JobSet's webhook checks the child Job names it makes from it.
 pub fn mutate_jobset(
     metadata: &ObjectMeta,
+    jobset_name: Option<&str>,
     spec: &JobSetSpec,
     path: &FieldPath,
     policy: &Policy,
@@ -178,14 +182,25 @@ pub fn mutate_jobset(
         mutated.failure_policy = Some(failure_policy.clone());
     }
 
-    let violations = check_jobset_spec(&mutated, path);
-    if let Some(first) = violations.first()
-        && check_jobset_spec(spec, path).is_empty()
-    {
-        input_warnings.push(format!(
-            "JobSet left unchanged, JobSet's webhook or the API server would reject the result: \
-             {first}"
-        ));
+    // As for Jobs: a result that would be refused is not returned. When the JobSet is refused
+    // as it came (a rule naming a missing replicated Job, an action the CRD does not know),
+    // the warning says so, with the input's own first violation.
+    let check = |spec: &JobSetSpec| {
+        let mut violations = check_jobset_spec(spec, path);
+        violations.extend(check_generated_names(jobset_name, spec, path));
+        violations
+    };
+    if let Some(first) = check(&mutated).first() {
+        input_warnings.push(match check(spec).first() {
+            Some(own) => format!(
+                "JobSet left unchanged: JobSet's webhook or the API server will reject it as it \
+                 is: {own}"
+            ),
+            None => format!(
+                "JobSet left unchanged, JobSet's webhook or the API server would reject the \
+                 result: {first}"
+            ),
+        });
         return JobSetOutcome::unchanged(spec, input_warnings, None);
     }
     JobSetOutcome {

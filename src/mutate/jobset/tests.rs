@@ -29,6 +29,7 @@ fn spec(value: Value) -> JobSetSpec {
 fn run(spec: &JobSetSpec, policy: &Policy) -> JobSetOutcome {
     mutate_jobset(
         &ObjectMeta::default(),
+        Some("train"),
         spec,
         &FieldPath::new(["spec"]),
         policy,
@@ -207,6 +208,7 @@ fn which_jobsets_are_left_alone() {
             annotations: Some([(SKIP_ANNOTATION.to_owned(), "true".to_owned())].into()),
             ..ObjectMeta::default()
         },
+        None,
         &gpu,
         &FieldPath::new(["spec"]),
         &Policy::embedded(),

@@ -2093,6 +2093,131 @@ fn kinds_with_pod_templates_that_are_not_handled_are_named_and_everything_is_cou
     assert_eq!(report["warnings"].as_array().map(Vec::len), Some(1));
 }
 
+#[test]
+fn the_kinds_of_other_operators_and_trainjobs_are_told_what_protects_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("operators.yaml");
+    let pod = "      template:\n        spec:\n          containers:\n          - name: w\n            \
+               image: trainer:1\n            resources: {limits: {nvidia.com/gpu: 8}}\n";
+    // The TrainJob comes before its runtime: the runtime is found wherever it is.
+    let documents = [
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: tune, \
+         namespace: ml}\nspec:\n  runtimeRef: {name: torch-gpu}\n"
+            .to_owned(),
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: cpu-tune}\n\
+         spec:\n  runtimeRef: {name: torch-cpu, kind: TrainingRuntime}\n"
+            .to_owned(),
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: elsewhere}\n\
+         spec:\n  runtimeRef: {name: deepspeed}\n"
+            .to_owned(),
+        format!(
+            "apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\nmetadata: {{name: imex}}\nspec:\n  \
+             mpiReplicaSpecs:\n    Worker:\n{pod}"
+        ),
+        format!(
+            "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {{name: vc}}\nspec:\n  \
+             tasks:\n    - name: w\n{pod}"
+        ),
+        format!(
+            "apiVersion: ray.io/v1\nkind: RayJob\nmetadata: {{name: ray}}\nspec:\n  \
+             rayClusterSpec:\n    headGroupSpec:\n{pod}"
+        ),
+        "apiVersion: leaderworkerset.x-k8s.io/v1\nkind: LeaderWorkerSet\nmetadata: {name: \
+             lws}\nspec:\n  leaderWorkerTemplate:\n    workerTemplate:\n        spec:\n          \
+             containers: [{name: w, image: vllm}]\n"
+            .to_owned(),
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: ClusterTrainingRuntime\nmetadata: \
+             {name: torch-gpu}\nspec:\n  template:\n    spec:\n      replicatedJobs:\n      - \
+             name: node\n        template:\n          spec:\n            template:\n              \
+             spec:\n                restartPolicy: Never\n                containers:\n                \
+             - {name: node, image: torch:2, resources: {limits: {nvidia.com/gpu: 8}}}\n"
+            .to_owned(),
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainingRuntime\nmetadata: {name: \
+         torch-cpu}\nspec:\n  template:\n    spec:\n      replicatedJobs:\n      - name: node\n        \
+         template:\n          spec:\n            template:\n              spec:\n                \
+         containers: [{name: node, image: torch:2}]\n"
+            .to_owned(),
+    ];
+    std::fs::write(&path, documents.join("---\n")).unwrap();
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    let line = |fragment: &str| {
+        out.stderr
+            .lines()
+            .find(|line| line.contains(fragment))
+            .unwrap_or_else(|| panic!("no line with {fragment:?} in\n{}", out.stderr))
+            .to_owned()
+    };
+    let protected = line("trainjob/tune:");
+    assert!(!protected.starts_with("warning:"), "{protected}");
+    assert!(
+        protected.contains("from ClusterTrainingRuntime torch-gpu")
+            && protected.ends_with(
+                "ClusterTrainingRuntime torch-gpu is protected: gpu-guard mutates it at admission"
+            ),
+        "{protected}"
+    );
+    let unprotected = line("trainjob/cpu-tune:");
+    assert!(
+        unprotected.starts_with("warning:")
+            && unprotected.contains(
+                "TrainingRuntime torch-cpu is not protected: none of its \
+                                     replicated Jobs requests a device resource"
+            ),
+        "{unprotected}"
+    );
+    assert!(
+        line("trainjob/elsewhere:")
+            .contains("ClusterTrainingRuntime deepspeed is not in the input"),
+        "{}",
+        out.stderr
+    );
+    for (object, operator) in [
+        (
+            "mpijob/imex",
+            "the MPI Operator runs the workers as bare Pods",
+        ),
+        ("job/vc", "the Volcano controller creates bare Pods"),
+        ("rayjob/ray", "KubeRay runs the Ray cluster as bare Pods"),
+        (
+            "leaderworkerset/lws",
+            "LeaderWorkerSet runs each group as StatefulSets",
+        ),
+    ] {
+        let said = line(&format!("{object}:"));
+        assert!(
+            said.starts_with("warning:") && said.contains(operator),
+            "{object}: {said}"
+        );
+    }
+    assert!(
+        out.stderr.contains(
+            "summary: 9 object(s): 1 mutated (ClusterTrainingRuntime 1), 1 unchanged \
+             (TrainingRuntime 1), 7 not handled (Job 1, LeaderWorkerSet 1, MPIJob 1, RayJob 1, \
+             TrainJob 3)"
+        ),
+        "{}",
+        out.stderr
+    );
+
+    let out = run(gpu_guard().args(["check", "-f"]).arg(&path)).expect_code(0);
+    assert!(
+        out.stderr.contains(
+            "TrainJob ml/tune: not judged itself: the guard judges the JobSet Kubeflow Trainer \
+             builds from ClusterTrainingRuntime torch-gpu"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(
+            "MPIJob imex: the guard does not judge kubeflow.org/v2beta1 MPIJob in a manifest, \
+             although it carries pod templates: the pods its operator creates are judged"
+        ),
+        "{}",
+        out.stderr
+    );
+}
+
 /// The exit-code contract of docs/cli.md#exit-status: 0 nothing to report, 1 findings, 2 a
 /// usage or input error, for every command.
 #[test]

@@ -65,11 +65,14 @@ pub enum Command {
     /// files are re-read when they change. SIGTERM: readiness turns false, requests are served
     /// for --drain-delay, in-flight requests finish, exit 0; a second signal exits at once.
     Serve(ServeArgs),
-    /// Mutate Jobs (and the jobTemplate of CronJobs) in manifests, as the webhook would.
+    /// Mutate Jobs, CronJobs, JobSets and Kubeflow Trainer runtimes in manifests, as the
+    /// webhook would.
     ///
     /// Reads YAML or JSON files, multi-document streams, directories (every .yaml, .yml and
     /// .json file below them) and List objects; `-f -` reads stdin. Every other document passes
-    /// through unchanged, in order. Warnings and a summary of the changes go to stderr.
+    /// through unchanged, in order; for the workload kinds of other operators (MPIJob,
+    /// PyTorchJob, LeaderWorkerSet, Volcano Job, RayJob) and for TrainJobs, a line says what
+    /// protects them or that nothing does. Warnings and a summary of the changes go to stderr.
     ///
     /// Each document is written as soon as it is mutated. A document that cannot be read is
     /// reported with its file, document number and line, and written through unchanged (YAML

@@ -13,7 +13,7 @@ use super::tally::{self, Tally};
 use super::{Log, exit};
 use crate::guard::{ClusterView, Layered, StaticView};
 use crate::manifest::{self, Document, DocumentWriter, Format};
-use crate::mutate::object;
+use crate::mutate::{object, other_kinds};
 use crate::policy::{DraFacts, Policy};
 
 #[derive(Debug, Args)]
@@ -38,8 +38,11 @@ pub struct MutateArgs {
     pub sync_timeout_seconds: u64,
 }
 
-/// The words the first pass looks for: the kinds that resolve DRA claims.
-const DRA_KINDS: &[&str] = &["ResourceClaim", "DeviceClass"];
+/// The words the first pass looks for: the kinds that resolve DRA claims, and Kubeflow
+/// Trainer runtimes (`ClusterTrainingRuntime` holds the word too), for the TrainJobs that name
+/// them.
+const PRESCAN_KINDS: &[&str] = &["ResourceClaim", "DeviceClass", RUNTIME_KIND];
+const RUNTIME_KIND: &str = "TrainingRuntime";
 
 /// The summary's outcomes, in order.
 const OUTCOMES: &[&str] = &["mutated", "unchanged", "skipped", "not handled", "failed"];
@@ -52,8 +55,18 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
     // DRA claims are resolved from the ResourceClaimTemplates, ResourceClaims and
     // DeviceClasses anywhere in the input (a template may come after its Job).
     let mut shipped = StaticView::default();
-    inputs.prescan(DRA_KINDS, &mut |object| {
-        shipped.add_dra_object(&object.value);
+    let mut runtimes = Vec::new();
+    inputs.prescan(PRESCAN_KINDS, &mut |object| {
+        if object
+            .value
+            .get("kind")
+            .and_then(Value::as_str)
+            .is_some_and(|kind| kind.ends_with(RUNTIME_KIND))
+        {
+            runtimes.push(object.value.clone());
+        } else {
+            shipped.add_dra_object(&object.value);
+        }
     });
     // The runtime runs the cache's watches; it lives until the mutation is done.
     let cluster = match &args.kubeconfig {
@@ -83,9 +96,14 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
         }
         None => shipped.dra(),
     };
+    let runtimes = runtimes
+        .iter()
+        .filter_map(|runtime| KnownRuntime::judge(runtime, policy, dra))
+        .collect();
     let mut run = Run {
         policy,
         dra,
+        runtimes,
         log,
         tally: Tally::default(),
         changed: false,
@@ -130,6 +148,8 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
 struct Run<'a, 'w> {
     policy: &'a Policy,
     dra: &'a dyn DraFacts,
+    /// The Trainer runtimes of the input, for the TrainJobs that name them.
+    runtimes: Vec<KnownRuntime>,
     log: &'a mut Log<'w>,
     tally: Tally,
     changed: bool,
@@ -227,14 +247,7 @@ impl Run<'_, '_> {
         let name = object_name(value, location);
         let kind = tally::kind_of(value).to_owned();
         let Some(result) = object::mutate_object_with(value, self.policy, self.dra) else {
-            if tally::carries_pod_template(value) && !tally::is_core_workload(value) {
-                self.log.warning(&format!(
-                    "{name}: gpu-guard does not mutate {}, although it carries pod templates: \
-                     its pods get no podFailurePolicy for device failures (supported: Job, \
-                     CronJob, JobSet, TrainingRuntime, ClusterTrainingRuntime)",
-                    tally::api_kind(value)
-                ));
-            }
+            self.not_handled(value, &name);
             self.tally.add("not handled", &kind);
             return;
         };
@@ -274,6 +287,122 @@ impl Run<'_, '_> {
             },
         }
     }
+}
+
+impl Run<'_, '_> {
+    /// Says what protects an object of a kind the engine does not mutate, or that nothing
+    /// does ([`other_kinds`]): a TrainJob through its runtime, an operator's kind by what its
+    /// operator creates, any other kind that carries pod templates not at all.
+    fn not_handled(&mut self, value: &Value, name: &str) {
+        if let Some(runtime) = other_kinds::trainjob_runtime(value) {
+            let namespace = value
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let known = runtime.name.as_deref().and_then(|runtime_name| {
+                self.runtimes
+                    .iter()
+                    .find(|known| known.is(&runtime.kind, runtime_name, namespace))
+                    .map(|known| known.status.as_str())
+            });
+            let message = format!("{name}: {}", runtime.describe(known));
+            if known.is_some_and(|status| status.starts_with(NOT_PROTECTED)) {
+                self.log.warning(&message);
+            } else {
+                self.log.note(&message);
+            }
+            return;
+        }
+        let api_kind = tally::api_kind(value);
+        if let Some(other) = other_kinds::other_kind(value) {
+            self.log.warning(&format!(
+                "{name}: gpu-guard does not mutate {api_kind}, so its pods get no \
+                 podFailurePolicy for device failures: {}",
+                other.why
+            ));
+        } else if tally::carries_pod_template(value) && !tally::is_core_workload(value) {
+            self.log.warning(&format!(
+                "{name}: gpu-guard does not mutate {api_kind}, although it carries pod \
+                 templates: its pods get no podFailurePolicy for device failures (supported: \
+                 Job, CronJob, JobSet, TrainingRuntime, ClusterTrainingRuntime; \
+                 docs/mutation.md#what-is-not-handled)"
+            ));
+        }
+    }
+}
+
+/// How a known Trainer runtime's status begins when gpu-guard does not protect it.
+const NOT_PROTECTED: &str = "not protected";
+
+/// A Kubeflow Trainer runtime found in the input, and what gpu-guard makes of it, for the
+/// TrainJobs that name it.
+struct KnownRuntime {
+    kind: String,
+    name: String,
+    namespace: String,
+    /// `protected: ...` or `not protected: ...`.
+    status: String,
+}
+
+impl KnownRuntime {
+    /// Reads a runtime object and judges it with the engine, as the webhook would at admission.
+    fn judge(value: &Value, policy: &Policy, dra: &dyn DraFacts) -> Option<Self> {
+        let text = |pointer: &str| {
+            value
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let status = match object::mutate_object_with(value, policy, dra)? {
+            Err(error) => format!("{NOT_PROTECTED}: {error}"),
+            Ok(mutation) => match mutation.outcome.skipped() {
+                Some(reason) => format!("{NOT_PROTECTED}: {}", reason.describe()),
+                None if !mutation.patch.is_empty() => {
+                    "protected: gpu-guard mutates it at admission".to_owned()
+                }
+                None if carries_gang_rules(value) => {
+                    "protected: it carries gpu-guard's rules".to_owned()
+                }
+                None => format!(
+                    "{NOT_PROTECTED}: {}",
+                    mutation.outcome.warnings().first().map_or(
+                        "none of its replicated Jobs requests a device resource listed in the \
+                         policy",
+                        String::as_str
+                    )
+                ),
+            },
+        };
+        Some(Self {
+            kind: text("/kind"),
+            name: text("/metadata/name"),
+            namespace: text("/metadata/namespace"),
+            status,
+        })
+    }
+
+    /// Whether this is the runtime a TrainJob in `namespace` names (a TrainingRuntime is in
+    /// the TrainJob's namespace; a manifest may leave both namespaces to `kubectl -n`).
+    fn is(&self, kind: &str, name: &str, namespace: &str) -> bool {
+        self.kind == kind
+            && self.name == name
+            && (kind != "TrainingRuntime"
+                || self.namespace == namespace
+                || self.namespace.is_empty()
+                || namespace.is_empty())
+    }
+}
+
+/// Whether a Trainer runtime's JobSet template carries gpu-guard's gang rules already.
+fn carries_gang_rules(value: &Value) -> bool {
+    value
+        .pointer("/spec/template/spec/failurePolicy/rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|rule| rule.get("name").and_then(Value::as_str))
+        .any(|name| name.starts_with(crate::mutate::jobset::RULE_PREFIX))
 }
 
 fn object_name(value: &Value, location: &str) -> String {

@@ -39,6 +39,7 @@ pub mod job_view;
 pub mod jobset;
 pub mod jobset_view;
 pub mod object;
+pub mod other_kinds;
 pub mod patch;
 pub mod pod_settings;
 mod restart_rules;

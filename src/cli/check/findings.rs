@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::cli::tally;
 use crate::guard::{self, Allowed, ClusterView, GuardedKind, Priority, StaticView, Verdict};
 use crate::manifest::Object;
-use crate::mutate::object;
+use crate::mutate::{object, other_kinds};
 use crate::policy::{GuardMode, Policy};
 
 /// One object's result.
@@ -79,6 +79,19 @@ pub struct NotJudged {
     pub carries_pod_template: bool,
     /// Whether it is one of the cluster facts [`learn`] reads.
     pub is_fact: bool,
+    /// The runtime it names, when it is a Kubeflow Trainer TrainJob.
+    pub trainjob_runtime: Option<other_kinds::RuntimeRef>,
+}
+
+/// `namespace/name`, or `name` when the object names no namespace (cluster-scoped, or left to
+/// `kubectl -n`).
+fn namespaced_name(value: &Value) -> String {
+    let text = |pointer: &str| value.pointer(pointer).and_then(Value::as_str);
+    let name = text("/metadata/name").unwrap_or("<unnamed>");
+    match text("/metadata/namespace").filter(|namespace| !namespace.is_empty()) {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_owned(),
+    }
 }
 
 /// The words the first pass looks for: the kinds [`learn`] reads.
@@ -165,16 +178,15 @@ pub fn check(
             checked.not_judged.push(NotJudged {
                 kind: tally::kind_of(value).to_owned(),
                 name: format!(
-                    "{} {}",
+                    "{} {} {}",
                     object.location(),
-                    value
-                        .pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("<unnamed>")
+                    tally::kind_of(value),
+                    namespaced_name(value)
                 ),
                 api_kind: tally::api_kind(value),
                 carries_pod_template: tally::carries_pod_template(value),
                 is_fact: is_fact(value),
+                trainjob_runtime: other_kinds::trainjob_runtime(value),
             });
             continue;
         };

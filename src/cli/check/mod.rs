@@ -135,14 +135,27 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
                 }
                 tally.add(NOT_JUDGED, &object.kind);
                 if object.carries_pod_template {
+                    // The validating webhook's rules include Pods: whatever operator creates
+                    // them, they are judged then.
                     report.warning(
                         log,
                         format!(
-                            "{}: the guard does not judge {}, although it carries pod \
-                             templates: its pods are not checked against GPU nodes",
+                            "{}: the guard does not judge {} in a manifest, although it \
+                             carries pod templates: the pods its operator creates are judged \
+                             by the validating webhook when they are created, and a pod that \
+                             would be denied is refused then",
                             object.name, object.api_kind
                         ),
                     );
+                } else if let Some(runtime) = &object.trainjob_runtime {
+                    log.note(&format!(
+                        "{}: not judged itself: the guard judges the JobSet Kubeflow Trainer \
+                         builds from {} {} when it is created, and the runtime where it is \
+                         given",
+                        object.name,
+                        runtime.kind,
+                        runtime.name.as_deref().unwrap_or("(none named)")
+                    ));
                 }
             }
             if report.failed_output.is_some() {

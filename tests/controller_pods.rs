@@ -12,7 +12,7 @@ use support::controller::{
     TAINT_TIME, World, gpu_node, has_our_taint, namespace, pod, pod_world, policy,
 };
 use support::eventually;
-use support::fake_api::{Logged, NAMESPACES, NODES, PODS};
+use support::fake_api::{Logged, NAMESPACES, NODES, PODS, status};
 
 fn condition(reason: &str, message: &str, time: &str) -> Value {
     json!({"status": {"conditions": [{
@@ -469,4 +469,98 @@ async fn a_node_pass_judges_the_pods_of_a_node_that_changed_state_and_of_a_names
         .pass_nodes(&world.caches, support::controller::at(140))
         .await;
     assert!(report.marked.is_empty(), "{report:?}");
+}
+
+#[tokio::test]
+async fn an_eviction_refused_in_a_successful_answer_is_not_counted_as_done() {
+    // A pod covered by two PodDisruptionBudgets: the eviction subresource answers 201 with a
+    // `Failure` Status (kubernetes v1.36 pkg/registry/core/pod/storage/eviction.go).
+    let mut world = two_pods_to_evict().await;
+    world.fake.lock().eviction_answers.insert(
+        "a".to_owned(),
+        (
+            201,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "This pod has more than one PodDisruptionBudget, which the eviction \
+                            subresource does not support.",
+                "code": 500}),
+        ),
+    );
+    // One eviction a minute: the refused pod gives its token back to b, next in line.
+    let report = world.pass(0).await;
+    assert_eq!(report.evicted, ["ml/b"], "{report:?}");
+    assert_eq!(report.evictions_deferred, ["ml/a"]);
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert!(
+        report.errors[0].contains("ml/a")
+            && report.errors[0].contains("more than one PodDisruptionBudget"),
+        "{report:?}"
+    );
+    assert_eq!(world.metrics.pods_evicted.get(), 1);
+    // Only b's eviction is told of in an Event.
+    let evicted_events: Vec<String> = world
+        .fake
+        .events()
+        .into_iter()
+        .filter(|(reason, _, _)| reason == "Evicted")
+        .map(|(_, object, _)| object)
+        .collect();
+    assert_eq!(evicted_events, ["b"]);
+    // a is not remembered as evicted: once the budgets allow it, it is tried again.
+    world.fake.lock().eviction_answers.clear();
+    let report = world.pass(61).await;
+    assert_eq!(report.evicted, ["ml/a"], "{report:?}");
+}
+
+#[tokio::test]
+async fn a_forbidden_eviction_backs_off_and_leaves_the_budget_to_the_other_pods() {
+    // A budget whose disruptionsAllowed is negative answers 403; one minute of passes every 15 s
+    // with the default budget must not be spent on the one stuck pod.
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 8)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, pod("ml", "a", "gpu-1", true, true)),
+        (PODS, pod("ml", "b", "gpu-1", true, true)),
+    ];
+    let mut world = World::start(
+        policy(|p| {
+            p.controller.pods.evict_pods = true;
+            p.controller.pods.mark_pods = false;
+        }),
+        objects,
+    )
+    .await;
+    world.fake.lock().eviction_answers.insert(
+        "a".to_owned(),
+        (
+            403,
+            status(
+                403,
+                "Forbidden",
+                "poddisruptionbudgets.policy \"train\" is forbidden: pdb disruptions allowed is negative",
+            ),
+        ),
+    );
+    let evictions_of = |world: &World, name: &str| {
+        world
+            .fake
+            .writes()
+            .iter()
+            .filter(|w| w.path == format!("/api/v1/namespaces/ml/pods/{name}/eviction"))
+            .count()
+    };
+    let report = world.pass(0).await;
+    assert_eq!(report.evicted, ["ml/b"]);
+    assert!(report.errors[0].contains("403 Forbidden"), "{report:?}");
+    for second in [15, 30, 45, 60] {
+        world.pass(second).await;
+    }
+    // Backed off 10 s, then 20 s, then 40 s: tried at 0, 15 and 45, not at every pass.
+    assert_eq!(evictions_of(&world, "a"), 3);
+    // The tokens its refusals gave back are there for a pod that comes later.
+    world.fake.put(PODS, pod("ml", "c", "gpu-1", true, true));
+    world.pod_cached("c", |_| true).await;
+    let report = world.pass(61).await;
+    assert_eq!(report.evicted, ["ml/c"], "{report:?}");
+    assert_eq!(report.evictions_deferred, ["ml/a"]);
 }

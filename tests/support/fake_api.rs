@@ -139,6 +139,10 @@ pub struct State {
     pub leases_failing: bool,
     /// Pods (by name) whose eviction a PodDisruptionBudget refuses (429).
     pub eviction_refused: BTreeSet<String>,
+    /// Pods (by name) whose eviction is answered with this HTTP status and body instead: a
+    /// 403 of a budget whose disruptionsAllowed is negative, the 201 with a `Failure` Status
+    /// of a pod with two budgets.
+    pub eviction_answers: BTreeMap<String, (u16, Value)>,
     /// Lease requests are held this long before they are answered (a hung API server).
     pub lease_delay: Option<Duration>,
     /// Pod status patches are held this long before they are applied.
@@ -254,6 +258,7 @@ impl Fake {
             eviction_status: None,
             leases_failing: false,
             eviction_refused: BTreeSet::new(),
+            eviction_answers: BTreeMap::new(),
             lease_delay: None,
             status_delay: None,
             node_patch_delay: None,
@@ -383,7 +388,12 @@ impl Fake {
             }
             (&Method::POST, ["api", "v1", "namespaces", _, "pods", pod, "eviction"]) => {
                 let refused = state.eviction_refused.contains(*pod);
+                let canned = state.eviction_answers.get(*pod).cloned();
                 match state.eviction_status {
+                    _ if canned.is_some() => {
+                        let (code, body) = canned.unwrap_or_default();
+                        (StatusCode::from_u16(code).expect("an HTTP status"), body)
+                    }
                     // As the eviction subresource refuses for a PodDisruptionBudget.
                     _ if refused => {
                         let mut refusal = status(

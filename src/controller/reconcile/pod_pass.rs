@@ -78,15 +78,15 @@ impl Reconciler {
                         self.metrics.pods_evicted.inc();
                         report.evicted.push(id);
                     }
-                    Some(Evicted::BudgetRefused) => {
-                        // Refused (a PodDisruptionBudget): the token goes back to the other
-                        // pods, and this one waits, longer after each refusal.
-                        self.bucket.refund();
-                        let backoff = Backoff::after_refusal(self.backoff.get(&uid), now);
-                        self.backoff.insert(uid, backoff);
-                        self.metrics.evictions_deferred.inc();
-                        report.evictions_deferred.push(id);
+                    Some(Evicted::Failed(reason)) => {
+                        report.errors.push(format!("evict {id}: {reason}"));
+                        self.metrics.reconcile_errors.inc();
+                        self.refuse(uid, id, now, report);
                     }
+                    // Refused (a PodDisruptionBudget), or failed: the token goes back to the
+                    // other pods, and this one waits, longer after each refusal, so that one
+                    // stuck pod cannot spend the budget of every pass.
+                    Some(Evicted::BudgetRefused) | None => self.refuse(uid, id, now, report),
                     Some(Evicted::Throttled) => {
                         // The API server is busy, not the budget: the token goes back and
                         // the pod is tried again on the next pass, with no backoff of its own.
@@ -94,11 +94,20 @@ impl Reconciler {
                         self.metrics.evictions_deferred.inc();
                         report.evictions_deferred.push(id);
                     }
-                    None => {}
                 }
             }
         }
         Ok(())
+    }
+
+    /// An eviction that did not happen and will not by retrying at once: its token goes back,
+    /// and the pod backs off on its own.
+    fn refuse(&mut self, uid: String, id: String, now: Timestamp, report: &mut PassReport) {
+        self.bucket.refund();
+        let backoff = Backoff::after_refusal(self.backoff.get(&uid), now);
+        self.backoff.insert(uid, backoff);
+        self.metrics.evictions_deferred.inc();
+        report.evictions_deferred.push(id);
     }
 
     /// Forgets what was remembered of pods that are gone: `present` are every cached pod.
@@ -137,6 +146,18 @@ impl Reconciler {
                 )
                 .await
             {
+                // The eviction subresource answers some refusals as the result of a
+                // successful create (HTTP 201): a pod with more than one PodDisruptionBudget
+                // gets `Status{status: Failure, code: 500}` (kubernetes v1.36
+                // `pkg/registry/core/pod/storage/eviction.go`). Nothing was evicted.
+                Ok(answer) if answer.is_failure() || answer.code >= 400 => {
+                    let reason = format!(
+                        "the eviction was refused ({}): {}",
+                        answer.code, answer.message
+                    );
+                    tracing::warn!(pod = %id, %reason, "eviction refused; retrying after a backoff");
+                    return Ok(Evicted::Failed(reason));
+                }
                 Ok(_) if self.dry_run() => format!("dry run: would evict: {}", cause.message()),
                 Ok(_) => format!(
                     "evicted so its Job recreates it on a healthy node: {}",
@@ -152,6 +173,16 @@ impl Reconciler {
                             "eviction throttled by the API server (429 without a disruption budget cause); retrying on the next pass");
                     }
                     return Ok(refusal);
+                }
+                // Forbidden (a budget whose disruptionsAllowed is below zero answers 403, and
+                // so does a denying admission webhook), a server error: the pod backs off.
+                Err(kube::Error::Api(status)) => {
+                    let reason = format!(
+                        "the eviction was refused ({} {}): {}",
+                        status.code, status.reason, status.message
+                    );
+                    tracing::warn!(pod = %id, %reason, "eviction refused; retrying after a backoff");
+                    return Ok(Evicted::Failed(reason));
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -170,9 +201,12 @@ impl Reconciler {
 }
 
 /// What became of an eviction that reached the API server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Evicted {
     Yes,
+    /// Refused for another reason (a 403, a webhook's denial, a server error, a `Failure`
+    /// Status in a 201 answer): the pod backs off on its own; the reason is reported.
+    Failed(String),
     /// A PodDisruptionBudget refused it (429 with a `DisruptionBudget` cause): the pod backs
     /// off on its own.
     BudgetRefused,

@@ -621,3 +621,122 @@ fn trainer_runtimes_are_judged_and_a_cluster_runtime_under_the_default_mode() {
         "spec.template.spec.replicatedJobs[0].template.spec.template.spec.tolerations[0]"
     ));
 }
+
+// === Node agents (issue 27, defect 4): the GPU stack's DaemonSets are not denied ===
+
+const DAEMONSET: (&str, &str, &str, &str) = ("apps", "v1", "DaemonSet", "daemonsets");
+
+/// `gpu-guard check` on the fixture `file`, with the policy `policy` (YAML) when given: exit code and the
+/// JSON report.
+fn check_json(policy: Option<&str>, file: &str) -> (i32, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-guard"));
+    if let Some(policy) = policy {
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, policy).unwrap();
+        command.arg("--policy").arg(path);
+    }
+    let path = format!("{}/tests/fixtures/check/{file}", env!("CARGO_MANIFEST_DIR"));
+    let out = command
+        .args(["check", "-o", "json", "-f", &path])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    (
+        out.status.code().unwrap(),
+        serde_json::from_slice(&out.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn check_does_not_deny_the_gpu_feature_discovery_daemonset_but_still_a_ci_runner() {
+    let (code, report) = check_json(None, "gpu-stack-agents.yaml");
+    // The CI runner is denied: exit 1.
+    assert_eq!(code, 1, "{report}");
+    let gfd = &report["findings"][0];
+    assert_eq!(gfd["kind"], "DaemonSet");
+    assert_eq!(gfd["name"], "gpu-feature-discovery");
+    assert_eq!(gfd["verdict"], "exempt", "{gfd}");
+    assert_eq!(
+        gfd["message"],
+        "node agent, not judged: this DaemonSet uses no device, and a DaemonSet runs one pod on \
+         each node it selects (guard.exemptions.nodeAgents)"
+    );
+    let runner = &report["findings"][1];
+    assert_eq!(
+        (&runner["kind"], &runner["name"], &runner["verdict"]),
+        (&json!("Deployment"), &json!("ci-runner"), &json!("denied")),
+        "{runner}"
+    );
+    assert_eq!(runner["minimum"], 1000);
+}
+
+#[test]
+fn check_judges_daemonsets_when_node_agents_are_switched_off() {
+    let policy = "apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\n\
+                  guard:\n  exemptions:\n    nodeAgents: false\n";
+    let (code, report) = check_json(Some(policy), "gpu-stack-agents.yaml");
+    assert_eq!(code, 1);
+    let gfd = &report["findings"][0];
+    assert_eq!(gfd["verdict"], "denied", "{gfd}");
+    assert_eq!(
+        gfd["reasons"],
+        json!([{"field": "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[2].matchExpressions[0]",
+                "what": "requires GPU label nvidia.com/gpu.present=true"}])
+    );
+    // Another exemption left as it was: node agents stay exempt.
+    let policy = "apiVersion: gpu-guard.io/v1alpha1\nkind: Policy\n\
+                  guard:\n  exemptions:\n    namespaces: [ci]\n";
+    let (code, report) = check_json(Some(policy), "gpu-stack-agents.yaml");
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["findings"][0]["verdict"], "exempt");
+    assert_eq!(report["findings"][1]["verdict"], "exempt");
+}
+
+#[test]
+fn the_webhook_allows_a_node_agent_and_its_pods_as_check_does() {
+    let gfd = manifest("check/gpu-stack-agents.yaml");
+    let mut gfd = gfd.clone();
+    gfd["metadata"]["namespace"] = json!("gpu-operator");
+    let body = review_of(
+        DAEMONSET,
+        &gfd,
+        None,
+        "system:serviceaccount:gpu-operator:helm",
+    );
+    let mut policy = Policy::embedded();
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Allowed);
+    assert_eq!(reviewed.guard.unwrap().outcome, "exempt");
+    assert!(answer(&reviewed).get("warnings").is_none());
+
+    // A pod of a DaemonSet that tolerates the GPU taint, as the DaemonSet controller creates it.
+    let mut pod = tolerating_pod();
+    pod["request"]["object"]["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+        "kind": "DaemonSet", "name": "nfd-worker", "uid": "5d1f", "controller": true,
+        "blockOwnerDeletion": true}]);
+    let reviewed = run(&pod, &policy).unwrap();
+    assert_eq!(reviewed.guard.unwrap().outcome, "exempt");
+
+    // Judged, both are denied, the DaemonSet for its third node-affinity term.
+    policy.guard.exemptions.node_agents = false;
+    let reviewed = run(&body, &policy).unwrap();
+    assert_eq!(reviewed.outcome, ReviewOutcome::Denied);
+    let message = answer(&reviewed)["status"]["message"].clone();
+    assert!(
+        message.as_str().unwrap().starts_with(
+            "gpu-guard: DaemonSet gpu-operator/gpu-feature-discovery targets GPU nodes without \
+             using a device, so it needs priority >= 1000"
+        ),
+        "{message}"
+    );
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("nodeSelectorTerms[2].matchExpressions[0] requires GPU label nvidia.com/gpu.present=true"),
+        "{message}"
+    );
+    assert_eq!(run(&pod, &policy).unwrap().outcome, ReviewOutcome::Denied);
+}

@@ -7,7 +7,9 @@
 //! tolerates every taint), `nodeSelector` or a required node-affinity term selects a GPU node
 //! label (or names a GPU node in `matchFields`), or `spec.nodeName` names a GPU node. It must
 //! then reach `minimumPriority.withDevice` when it uses a device, `withoutDevice` otherwise.
-//! Every reason is reported at once, each with its field and the fix.
+//! Every reason is reported at once, each with its field and the fix. A node agent (a
+//! DaemonSet, or a pod whose controller is one) that uses no device is not judged unless
+//! `guard.exemptions.nodeAgents` is false: the GPU stack's own agents are DaemonSets.
 
 mod input;
 mod view;
@@ -218,11 +220,17 @@ pub fn judge(
     }
     // The DaemonSet controller names the node of each pod it creates (matchFields): the
     // DaemonSet's template was judged, so its pods are not judged again for where they run.
-    let placed_by_daemonset = kind == GuardedKind::Pod
-        && workload
-            .metadata
-            .controller()
-            .is_some_and(|owner| owner.kind == "DaemonSet");
+    let daemonset = workload
+        .metadata
+        .controller()
+        .filter(|owner| kind == GuardedKind::Pod && owner.kind == "DaemonSet");
+    let node_agent = if !guard.exemptions.node_agents {
+        None
+    } else if kind == GuardedKind::DaemonSet {
+        Some("this DaemonSet".to_owned())
+    } else {
+        daemonset.map(|owner| format!("this pod of DaemonSet {namespace}/{}", owner.name))
+    };
     let judging = Judging {
         kind,
         namespace,
@@ -230,7 +238,8 @@ pub fn judge(
         guard,
         devices,
         view,
-        placed_by_daemonset,
+        placed_by_daemonset: daemonset.is_some(),
+        node_agent,
     };
     let mut verdicts = Vec::with_capacity(workload.templates.len());
     for template in &workload.templates {
@@ -249,6 +258,10 @@ struct Judging<'a> {
     devices: &'a DeviceResources,
     view: &'a dyn ClusterView,
     placed_by_daemonset: bool,
+    /// What makes the workload a node agent ([`crate::policy::Exemptions::node_agents`]):
+    /// `this DaemonSet`, `this pod of DaemonSet ns/name`; `None` when it is not one, or when node
+    /// agents are judged.
+    node_agent: Option<String>,
 }
 
 impl Judging<'_> {
@@ -277,6 +290,19 @@ impl Judging<'_> {
             ))));
         }
         let uses_device = targets.iter().any(|target| target.device);
+        let node_agent = self.node_agent.as_deref().map(|agent| {
+            Verdict::Allowed(Allowed::Exempt(format!(
+                "node agent, not judged: {agent} uses no device, and a DaemonSet runs one pod \
+                 on each node it selects (guard.exemptions.nodeAgents)"
+            )))
+        });
+        // Before the priority is looked up: a node agent's class need not be known.
+        if let Some(exempt) = &node_agent
+            && !uses_device
+            && unresolved.is_empty()
+        {
+            return Ok(exempt.clone());
+        }
         let priority = priority(self.kind, spec, view)?;
         if let Priority::UnknownClass(class) = &priority
             && !view.authoritative()
@@ -288,6 +314,9 @@ impl Judging<'_> {
         let verdict = |uses_device: bool| {
             if targets.is_empty() && !uses_device {
                 return Verdict::Allowed(Allowed::NotTargetingGpuNodes);
+            }
+            if let Some(exempt) = node_agent.as_ref().filter(|_| !uses_device) {
+                return exempt.clone();
             }
             let minimum = if uses_device {
                 guard.minimum_priority.with_device

@@ -398,6 +398,8 @@ fn a_pod_uses_its_resolved_spec_priority() {
 #[test]
 fn exemptions_by_namespace_class_workload_and_controller() {
     let mut guard = Policy::default().guard;
+    // DaemonSets are judged here, so that the exemptions by name are what exempts them.
+    guard.exemptions.node_agents = false;
     guard.exemptions.namespaces = vec!["gpu-operator".into()];
     guard.exemptions.priority_classes = vec!["batch-low".into()];
     guard.exemptions.workloads = vec![
@@ -992,4 +994,565 @@ fn a_jobset_without_replicated_jobs_or_with_null_fields_decodes() {
     let runtime = json!({"metadata": {"name": "r"}, "spec": {"mlPolicy": {}}});
     let workload = Workload::from_json(GuardedKind::ClusterTrainingRuntime, &runtime.to_string());
     assert!(workload.unwrap().templates.is_empty());
+}
+
+// === Node agents: the GPU stack's own DaemonSets (guard.exemptions.nodeAgents) ===
+//
+// The manifests below are small, written here in the shapes of the upstream files each row
+// names; only the fields the guard reads are kept.
+
+/// A verdict in one word, for tables.
+fn outcome(verdict: &Verdict) -> &'static str {
+    match verdict {
+        Verdict::Violation(_) => "violation",
+        Verdict::Allowed(Allowed::Exempt(_)) => "exempt",
+        Verdict::Allowed(Allowed::PriorityMet { .. }) => "priority met",
+        Verdict::Allowed(Allowed::NotTargetingGpuNodes) => "not targeting",
+        Verdict::Allowed(Allowed::Unjudged(_)) => "unjudged",
+        Verdict::Allowed(Allowed::Disabled) => "disabled",
+    }
+}
+
+fn daemonset_object(namespace: &str, name: &str, pod_spec: Value) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+           "metadata": {"name": name, "namespace": namespace},
+           "spec": {"selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec}}})
+}
+
+/// A pod as the DaemonSet controller creates it (kubernetes
+/// pkg/controller/daemon/util/daemonset_util.go): a controller reference to the DaemonSet,
+/// the required node affinity replaced by one `matchFields metadata.name In [node]` term, the
+/// daemon tolerations added; `spec.priority` as the Priority admission plugin resolved it.
+fn daemonset_pod(namespace: &str, daemonset: &str, mut pod_spec: Value, priority: i32) -> Value {
+    pod_spec["nodeName"] = Value::Null;
+    pod_spec["priority"] = json!(priority);
+    pod_spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["gpu-1"]}]}]}}});
+    let tolerations = pod_spec["tolerations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    pod_spec["tolerations"] = json!(
+        tolerations
+            .into_iter()
+            .chain([
+                json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}),
+                json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}),
+                json!({"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}),
+            ])
+            .collect::<Vec<_>>()
+    );
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": format!("{daemonset}-x7k2p"), "namespace": namespace,
+               "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                                    "uid": "5d1f", "controller": true, "blockOwnerDeletion": true}]},
+           "spec": pod_spec})
+}
+
+/// `object` of `kind` judged with `guard`, in its own namespace.
+fn judge_object(kind: GuardedKind, object: &Value, guard: &Guard) -> Verdict {
+    let workload = Workload::from_json(kind, &object.to_string()).unwrap();
+    let namespace = object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default");
+    let policy = Policy::default();
+    judge(kind, namespace, &workload, guard, &policy.devices, &view()).unwrap()
+}
+
+/// The toleration the GPU stack's agents carry for GPU nodes' taint.
+fn gpu_toleration() -> Value {
+    json!({"key": GPU_TOLERATION, "operator": "Exists", "effect": "NoSchedule"})
+}
+
+/// GPU feature discovery, NVIDIA/k8s-device-plugin v0.20.0
+/// `deployments/static/gpu-feature-discovery-daemonset.yaml`: no device, no priority class,
+/// one of three alternative node-affinity terms on `nvidia.com/gpu.present`.
+fn gfd_static_spec() -> Value {
+    json!({
+        "containers": [{"name": "gpu-feature-discovery",
+            "image": "nvcr.io/nvidia/k8s-device-plugin:v0.19.3",
+            "command": ["/usr/bin/gpu-feature-discovery"],
+            "securityContext": {"privileged": true},
+            "volumeMounts": [{"name": "output-dir", "mountPath": "/etc/kubernetes/node-feature-discovery/features.d"},
+                             {"name": "host-sys", "mountPath": "/sys"}]}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}]},
+            {"matchExpressions": [{"key": "feature.node.kubernetes.io/cpu-model.vendor_id", "operator": "In", "values": ["NVIDIA"]}]},
+            {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}
+        ]}}},
+        "volumes": [{"name": "output-dir", "hostPath": {"path": "/etc/kubernetes/node-feature-discovery/features.d", "type": "DirectoryOrCreate"}},
+                    {"name": "host-sys", "hostPath": {"path": "/sys", "type": "Directory"}}]
+    })
+}
+
+/// An operand of the GPU operator (NVIDIA/gpu-operator v26.7 `assets/state-*/0*_daemonset.yaml`):
+/// its `nvidia.com/gpu.deploy.<operand>` node selector, the GPU taint toleration and the
+/// ClusterPolicy's `daemonsets.priorityClassName` (default system-node-critical).
+fn operand_spec(operand: &str, container: &str) -> Value {
+    json!({
+        "nodeSelector": {format!("nvidia.com/gpu.deploy.{operand}"): "true"},
+        "tolerations": [gpu_toleration()],
+        "priorityClassName": "system-node-critical",
+        "hostPID": true,
+        "containers": [{"name": container, "image": "nvcr.io/nvidia/k8s/operand",
+                        "securityContext": {"privileged": true}}],
+        "volumes": [{"name": "run-nvidia", "hostPath": {"path": "/run/nvidia", "type": "DirectoryOrCreate"}}]
+    })
+}
+
+/// The NFD worker, kubernetes-sigs/node-feature-discovery v0.18 Helm chart
+/// `templates/worker.yaml` with the chart's `priorityClassName: ""` and the
+/// `worker.tolerations` the GPU operator's chart gives it (`nvidia.com/gpu`).
+fn nfd_worker_spec() -> Value {
+    json!({
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "serviceAccountName": "node-feature-discovery-worker",
+        "tolerations": [
+            {"key": "node-role.kubernetes.io/control-plane", "operator": "Equal", "value": "", "effect": "NoSchedule"},
+            gpu_toleration()
+        ],
+        "containers": [{"name": "worker", "image": "registry.k8s.io/nfd/node-feature-discovery:v0.18.0",
+            "command": ["nfd-worker"],
+            "resources": {"limits": {"memory": "512Mi"}, "requests": {"cpu": "5m", "memory": "64Mi"}},
+            "volumeMounts": [{"name": "host-sys", "mountPath": "/host-sys", "readOnly": true}]}],
+        "volumes": [{"name": "host-sys", "hostPath": {"path": "/sys"}}]
+    })
+}
+
+/// NVIDIA's IMEX compute-domain daemon, NVIDIA/k8s-dra-driver-gpu
+/// `templates/compute-domain-daemon.tmpl.yaml`: tolerates every taint, no priority class, one
+/// DRA claim of a ResourceClaimTemplate the driver's controller creates (DeviceClass
+/// compute-domain-daemon.nvidia.com, not a GPU).
+fn compute_domain_daemon_spec() -> Value {
+    json!({
+        "serviceAccountName": "compute-domain-daemon-service-account",
+        "nodeSelector": {"resource.nvidia.com/computeDomain": "0c5e"},
+        "containers": [{"name": "compute-domain-daemon", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0",
+            "command": ["compute-domain-daemon", "run"],
+            "resources": {"claims": [{"name": "compute-domain-daemon"}]}}],
+        "tolerations": [
+            {"operator": "Exists", "effect": "NoSchedule"},
+            {"operator": "Exists", "effect": "NoExecute"},
+            {"operator": "Exists", "effect": "PreferNoSchedule"}
+        ],
+        "resourceClaims": [{"name": "compute-domain-daemon",
+                            "resourceClaimTemplateName": "imex-channel-0c5e-daemon-claim"}]
+    })
+}
+
+#[test]
+fn the_gpu_stacks_own_agents_are_not_judged_by_default_and_the_switch_judges_them() {
+    let ds = GuardedKind::DaemonSet;
+    let pod = GuardedKind::Pod;
+    // (what, kind, object, verdict by default, verdict with nodeAgents: false)
+    let rows: Vec<(&str, GuardedKind, Value, &str, &str)> = vec![
+        // Issue 27, defect 4: denied before, for its third node-affinity term.
+        (
+            "GFD static DaemonSet",
+            ds,
+            daemonset_object("default", "gpu-feature-discovery", gfd_static_spec()),
+            "exempt",
+            "violation",
+        ),
+        // NVIDIA/k8s-device-plugin v0.20.0 deployments/static/nvidia-device-plugin.yml.
+        (
+            "NVIDIA device plugin",
+            ds,
+            daemonset_object(
+                "kube-system",
+                "nvidia-device-plugin-daemonset",
+                json!({
+                    "tolerations": [gpu_toleration()],
+                    "priorityClassName": "system-node-critical",
+                    "containers": [{"name": "nvidia-device-plugin-ctr", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.1",
+                        "volumeMounts": [{"name": "kubelet-device-plugins-dir", "mountPath": "/var/lib/kubelet/device-plugins"}]}],
+                    "volumes": [{"name": "kubelet-device-plugins-dir", "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}}]
+                }),
+            ),
+            "exempt",
+            "priority met",
+        ),
+        // NVIDIA/dcgm-exporter dcgm-exporter.yaml (4.8.2) with the GPU taint toleration a
+        // tainted GPU pool needs (its Helm values suggest `operator: Exists`); no class.
+        (
+            "DCGM exporter",
+            ds,
+            daemonset_object(
+                "monitoring",
+                "dcgm-exporter",
+                json!({
+                    "automountServiceAccountToken": false,
+                    "tolerations": [gpu_toleration()],
+                    "containers": [{"name": "dcgm-exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless",
+                        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}},
+                        "resources": {"limits": {"cpu": "200m", "memory": "256Mi"}},
+                        "volumeMounts": [{"name": "pod-gpu-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": true}]}],
+                    "volumes": [{"name": "pod-gpu-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources"}}]
+                }),
+            ),
+            "exempt",
+            "violation",
+        ),
+        // NVIDIA/k8s-dra-driver-gpu Helm chart templates/kubeletplugin.yaml with its values.
+        (
+            "NVIDIA DRA kubelet plugin",
+            ds,
+            daemonset_object(
+                "nvidia-dra-driver-gpu",
+                "nvidia-dra-driver-gpu-kubelet-plugin",
+                json!({
+                    "priorityClassName": "system-node-critical",
+                    "serviceAccountName": "nvidia-dra-driver-gpu-service-account-kubeletplugin",
+                    "initContainers": [{"name": "init-container", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0",
+                                        "securityContext": {"privileged": true}}],
+                    "containers": [{"name": "gpus", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0",
+                                    "securityContext": {"privileged": true}}],
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}]},
+                        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}
+                    ]}}},
+                    "tolerations": [gpu_toleration()],
+                    "volumes": [{"name": "plugins", "hostPath": {"path": "/var/lib/kubelet/plugins"}}]
+                }),
+            ),
+            "exempt",
+            "priority met",
+        ),
+        // Its claim's template is not known offline: whether it is a device decides nothing
+        // for a node agent unless the claim is a device, then the device minimum (0) is met.
+        (
+            "DRA compute-domain daemon",
+            ds,
+            daemonset_object(
+                "nvidia-dra-driver-gpu",
+                "imex-channel-0c5e",
+                compute_domain_daemon_spec(),
+            ),
+            "exempt",
+            "unjudged",
+        ),
+        (
+            "GPU operator driver",
+            ds,
+            daemonset_object(
+                "gpu-operator",
+                "nvidia-driver-daemonset",
+                operand_spec("driver", "nvidia-driver-ctr"),
+            ),
+            "exempt",
+            "priority met",
+        ),
+        (
+            "GPU operator container toolkit",
+            ds,
+            daemonset_object(
+                "gpu-operator",
+                "nvidia-container-toolkit-daemonset",
+                operand_spec("container-toolkit", "nvidia-container-toolkit-ctr"),
+            ),
+            "exempt",
+            "priority met",
+        ),
+        (
+            "GPU operator validator",
+            ds,
+            daemonset_object(
+                "gpu-operator",
+                "nvidia-operator-validator",
+                operand_spec("operator-validator", "nvidia-operator-validator"),
+            ),
+            "exempt",
+            "priority met",
+        ),
+        (
+            "GPU operator MIG manager",
+            ds,
+            daemonset_object(
+                "gpu-operator",
+                "nvidia-mig-manager",
+                operand_spec("mig-manager", "nvidia-mig-manager"),
+            ),
+            "exempt",
+            "priority met",
+        ),
+        (
+            "GPU operator node-status exporter",
+            ds,
+            daemonset_object(
+                "gpu-operator",
+                "nvidia-node-status-exporter",
+                operand_spec("node-status-exporter", "nvidia-node-status-exporter"),
+            ),
+            "exempt",
+            "priority met",
+        ),
+        (
+            "NFD worker",
+            ds,
+            daemonset_object("node-feature-discovery", "nfd-worker", nfd_worker_spec()),
+            "exempt",
+            "violation",
+        ),
+        // ROCm/k8s-device-plugin Helm chart amd-gpu templates/deviceplugin-daemonset.yaml with
+        // its values: AMD nodes are selected by an NFD label the default policy does not list
+        // and the chart tolerates no GPU taint, so it does not target GPU nodes at all.
+        (
+            "AMD device plugin (Helm)",
+            ds,
+            daemonset_object(
+                "kube-system",
+                "amd-gpu-device-plugin-daemonset",
+                json!({
+                    "nodeSelector": {"feature.node.kubernetes.io/pci-0300_1002.present": "true", "kubernetes.io/arch": "amd64"},
+                    "priorityClassName": "system-node-critical",
+                    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                    "containers": [{"name": "amd-gpu-dp-cntr", "image": "docker.io/rocm/k8s-device-plugin:1.25.2.4"}],
+                    "volumes": [{"name": "dp", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}]
+                }),
+            ),
+            "not targeting",
+            "not targeting",
+        ),
+        // ROCm/k8s-device-plugin k8s-ds-amdgpu-labeller.yaml, on a node pool tainted
+        // amd.com/gpu (so given that toleration); no class.
+        (
+            "AMD node labeller",
+            ds,
+            daemonset_object(
+                "kube-system",
+                "amdgpu-labeller-daemonset",
+                json!({
+                    "serviceAccount": "amd-gpu",
+                    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                    {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": "amdgpu-lr-cntr", "image": "rocm/k8s-device-plugin:labeller-latest",
+                        "command": ["./k8s-node-labeller"], "securityContext": {"privileged": true},
+                        "volumeMounts": [{"name": "dev", "mountPath": "/dev"}]}],
+                    "volumes": [{"name": "dev", "hostPath": {"path": "/dev"}}]
+                }),
+            ),
+            "exempt",
+            "violation",
+        ),
+        // The pods these DaemonSets create are treated like their DaemonSet.
+        (
+            "NFD worker pod",
+            pod,
+            daemonset_pod("node-feature-discovery", "nfd-worker", nfd_worker_spec(), 0),
+            "exempt",
+            "violation",
+        ),
+        // The repro's pod: its affinity replaced by the node's name, no GPU toleration.
+        (
+            "GFD static pod",
+            pod,
+            daemonset_pod("default", "gpu-feature-discovery", gfd_static_spec(), 0),
+            "not targeting",
+            "not targeting",
+        ),
+        (
+            "DRA compute-domain daemon pod",
+            pod,
+            daemonset_pod(
+                "nvidia-dra-driver-gpu",
+                "imex-channel-0c5e",
+                compute_domain_daemon_spec(),
+                0,
+            ),
+            "exempt",
+            "unjudged",
+        ),
+    ];
+    let default = Policy::default().guard;
+    let mut judged = default.clone();
+    judged.exemptions.node_agents = false;
+    for (what, kind, object, by_default, when_judged) in &rows {
+        let verdict = judge_object(*kind, object, &default);
+        assert_eq!(outcome(&verdict), *by_default, "{what}: {verdict:?}");
+        if let Verdict::Allowed(Allowed::Exempt(why)) = &verdict {
+            assert!(
+                why.starts_with("node agent, not judged: this "),
+                "{what}: {why}"
+            );
+            assert!(
+                why.ends_with("(guard.exemptions.nodeAgents)"),
+                "{what}: {why}"
+            );
+        }
+        let verdict = judge_object(*kind, object, &judged);
+        assert_eq!(
+            outcome(&verdict),
+            *when_judged,
+            "{what} judged: {verdict:?}"
+        );
+    }
+}
+
+#[test]
+fn the_gfd_repro_is_denied_when_node_agents_are_judged_for_its_third_affinity_term() {
+    let mut guard = Policy::default().guard;
+    let object = daemonset_object("default", "gpu-feature-discovery", gfd_static_spec());
+    assert_eq!(
+        judge_object(GuardedKind::DaemonSet, &object, &guard),
+        Verdict::Allowed(Allowed::Exempt(
+            "node agent, not judged: this DaemonSet uses no device, and a DaemonSet runs one pod \
+             on each node it selects (guard.exemptions.nodeAgents)"
+                .into()
+        ))
+    );
+    guard.exemptions.node_agents = false;
+    let Verdict::Violation(found) = judge_object(GuardedKind::DaemonSet, &object, &guard) else {
+        panic!("judged, the GFD DaemonSet targets GPU nodes below 1000")
+    };
+    assert_eq!(
+        target_paths(&found),
+        [format!(
+            "{C}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.\
+             nodeSelectorTerms[2].matchExpressions[0]"
+        )]
+    );
+    assert_eq!((found.minimum, found.uses_device), (1000, false));
+    // A pod of it names its DaemonSet.
+    let pod = daemonset_pod("node-feature-discovery", "nfd-worker", nfd_worker_spec(), 0);
+    let Verdict::Allowed(Allowed::Exempt(why)) =
+        judge_object(GuardedKind::Pod, &pod, &Policy::default().guard)
+    else {
+        panic!("the NFD worker pod is a node agent")
+    };
+    assert!(
+        why.contains("this pod of DaemonSet node-feature-discovery/nfd-worker uses no device"),
+        "{why}"
+    );
+}
+
+#[test]
+fn ordinary_low_priority_workloads_are_still_denied_beside_node_agents() {
+    let guard = Policy::default().guard;
+    assert!(
+        guard.exemptions.node_agents,
+        "node agents are exempt by default"
+    );
+    let tolerating = json!({"tolerations": [gpu_toleration()],
+                            "containers": [{"name": "app", "image": "registry.example/app:1"}]});
+    let owned_pod = |owner: Value, spec: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "p-1", "namespace": "team", "ownerReferences": owner},
+               "spec": spec})
+    };
+    let mut pod_spec = tolerating.clone();
+    pod_spec["priority"] = json!(0);
+    let mut gpu_pod_spec = json!({"priority": -10, "containers": [{"name": "burn",
+        "resources": {"limits": {"nvidia.com/gpu": 1}}}]});
+    let gpu_daemonset = json!({"priorityClassName": "preemptible", "containers": [{"name": "burn",
+        "resources": {"limits": {"nvidia.com/gpu": 1}}}]});
+    let template_owner = |kind: &str, spec: &Value| {
+        let spec = if kind == "CronJob" {
+            json!({"schedule": "@hourly", "jobTemplate": {"spec": {"template": {"spec": spec}}}})
+        } else {
+            json!({"template": {"spec": spec}})
+        };
+        json!({"kind": kind, "metadata": {"name": "w", "namespace": "team"}, "spec": spec})
+    };
+    let rows: Vec<(&str, GuardedKind, Value)> = vec![
+        (
+            "a Deployment tolerating nvidia.com/gpu",
+            GuardedKind::Deployment,
+            template_owner("Deployment", &tolerating),
+        ),
+        (
+            "a StatefulSet tolerating nvidia.com/gpu",
+            GuardedKind::StatefulSet,
+            template_owner("StatefulSet", &tolerating),
+        ),
+        (
+            "a Job selecting GPU nodes",
+            GuardedKind::Job,
+            template_owner(
+                "Job",
+                &json!({
+            "nodeSelector": {"nvidia.com/gpu.present": "true"}, "containers": [{"name": "etl"}]}),
+            ),
+        ),
+        (
+            "a CronJob tolerating nvidia.com/gpu",
+            GuardedKind::CronJob,
+            template_owner("CronJob", &tolerating),
+        ),
+        (
+            "a notebook Pod",
+            GuardedKind::Pod,
+            owned_pod(Value::Null, pod_spec.clone()),
+        ),
+        // actions-runner-controller's runner pods are controlled by an EphemeralRunner.
+        (
+            "a CI runner Pod",
+            GuardedKind::Pod,
+            owned_pod(
+                json!([{"apiVersion": "actions.github.com/v1alpha1",
+            "kind": "EphemeralRunner", "name": "runner-abc", "controller": true}]),
+                pod_spec.clone(),
+            ),
+        ),
+        // A DaemonSet owner that is not the controller does not make a node agent.
+        (
+            "a ReplicaSet's Pod also owned by a DaemonSet",
+            GuardedKind::Pod,
+            owned_pod(
+                json!([
+            {"kind": "DaemonSet", "name": "d", "controller": false},
+            {"kind": "ReplicaSet", "name": "web-5d8f7c", "controller": true}]),
+                pod_spec.clone(),
+            ),
+        ),
+        // A DaemonSet that takes a GPU on every node competes for GPUs: the device minimum.
+        (
+            "a preemptible DaemonSet using a GPU",
+            GuardedKind::DaemonSet,
+            daemonset_object("team", "burn-in", gpu_daemonset),
+        ),
+        ("its pod", GuardedKind::Pod, {
+            gpu_pod_spec["tolerations"] = json!([gpu_toleration()]);
+            daemonset_pod("team", "burn-in", gpu_pod_spec, -10)
+        }),
+    ];
+    for (what, kind, object) in rows {
+        let verdict = judge_object(kind, &object, &guard);
+        assert_eq!(outcome(&verdict), "violation", "{what}: {verdict:?}");
+    }
+}
+
+#[test]
+fn operator_pods_outside_a_daemonset_are_exempted_through_their_controller() {
+    // NVIDIA/gpu-operator validator/manifests/cuda-workload-validation.yaml, as
+    // cmd/nvidia-validator creates it: the validator DaemonSet's ownerReferences (the
+    // ClusterPolicy, controller) and tolerations, its node's name, no device request, no class.
+    let cuda_validator = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "nvidia-cuda-validator-", "namespace": "gpu-operator",
+            "labels": {"app": "nvidia-cuda-validator"},
+            "ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                                 "name": "cluster-policy", "uid": "9a1e", "controller": true}]},
+        "spec": {"priority": 0, "nodeName": "gpu-1", "restartPolicy": "OnFailure",
+            "tolerations": [gpu_toleration()],
+            "initContainers": [{"name": "cuda-validation", "securityContext": {"privileged": true}}],
+            "containers": [{"name": "nvidia-cuda-validator"}]}});
+    let mut guard = Policy::default().guard;
+    assert_eq!(
+        outcome(&judge_object(GuardedKind::Pod, &cuda_validator, &guard)),
+        "violation",
+        "not a node agent: its controller is the ClusterPolicy"
+    );
+    guard.exemptions.workloads = vec![ExemptWorkload {
+        namespace: "gpu-operator".into(),
+        name: "cluster-policy".into(),
+        // The policy file names the kinds the guard judges; without a kind, any controller.
+        kind: None,
+    }];
+    assert_eq!(
+        judge_object(GuardedKind::Pod, &cuda_validator, &guard),
+        Verdict::Allowed(Allowed::Exempt(
+            "its ClusterPolicy gpu-operator/cluster-policy is exempt".into()
+        ))
+    );
 }

@@ -152,15 +152,35 @@ impl GpuNodeLabel {
 
 /// Who the guard never judges. Set only here: an administrator's decision, which no
 /// annotation on an object can make (`gpu-guard.io/skip` does not bypass the guard).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Exemptions {
     /// Namespaces whose objects are never judged.
     pub namespaces: Vec<String>,
     /// Pods and templates with one of these `priorityClassName`s are never judged.
     pub priority_classes: Vec<String>,
-    /// Workloads that must run on every node, such as the device plugin's DaemonSet.
+    /// Node agents: a DaemonSet, and a Pod whose controller is a DaemonSet, that uses no
+    /// device is not judged. A DaemonSet puts one pod on each node it selects, by design,
+    /// whatever the demand: it does not compete for GPU nodes as a workload does, and the GPU
+    /// stack's own agents (device plugins, GPU feature discovery, DCGM exporter, DRA kubelet
+    /// plugins, node-feature-discovery workers) are DaemonSets that must run on GPU nodes. A
+    /// DaemonSet that requests or claims a device is still judged (`withDevice`). False:
+    /// DaemonSets are judged like every other workload.
+    pub node_agents: bool,
+    /// Workloads that must run on GPU nodes and are not node agents, matched by namespace,
+    /// name and kind, and their pods through their controller.
     pub workloads: Vec<ExemptWorkload>,
+}
+
+impl Default for Exemptions {
+    fn default() -> Self {
+        Self {
+            namespaces: Vec::new(),
+            priority_classes: Vec::new(),
+            node_agents: true,
+            workloads: Vec::new(),
+        }
+    }
 }
 
 /// A workload exempt from the guard, matched by namespace and name; its pods are matched

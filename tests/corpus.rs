@@ -113,8 +113,9 @@ fn parse_header(text: &str) -> Result<Expectations, Vec<String>> {
             }
         } else if let Some(rest) = line.strip_prefix("# expect check:") {
             match parse_object(rest, &CHECK_VERDICTS) {
-                Ok(expectation) if expectation.outcomes == ["not judged"]
-                    && !expectation.fragments.is_empty() =>
+                Ok(expectation)
+                    if expectation.outcomes == ["not judged"]
+                        && !expectation.fragments.is_empty() =>
                 {
                     errors.push(format!(
                         "line {line_no}: an object the guard does not judge has no message to match"
@@ -249,7 +250,9 @@ fn gpu_guard(args: &[&str], stdin: Option<&str>) -> Output {
         let mut pipe = child.stdin.take().expect("stdin is piped");
         pipe.write_all(input.as_bytes()).expect("stdin is written");
     }
-    let output = child.wait_with_output().expect("the gpu-guard binary finishes");
+    let output = child
+        .wait_with_output()
+        .expect("the gpu-guard binary finishes");
     Output {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -361,9 +364,7 @@ fn check_file(path: &Path) -> Vec<String> {
     let output_documents = match documents(&mutated.stdout) {
         Ok(documents) => documents,
         Err(error) => {
-            problems.push(format!(
-                "serde_norway cannot read mutate's output: {error}"
-            ));
+            problems.push(format!("serde_norway cannot read mutate's output: {error}"));
             return problems;
         }
     };
@@ -425,7 +426,11 @@ fn check_file(path: &Path) -> Vec<String> {
             ));
         }
     }
-    problems.extend(summary_problems(&mutated.stderr, inputs.len(), mutated_count));
+    problems.extend(summary_problems(
+        &mutated.stderr,
+        inputs.len(),
+        mutated_count,
+    ));
 
     // A second mutate changes nothing.
     let again = gpu_guard(&["mutate", "-f", "-"], Some(&mutated.stdout));
@@ -566,13 +571,14 @@ fn verdict_problems(report: &Value, expected: &[ObjectExpectation]) -> Vec<Strin
                 continue;
             }
         };
-        let text = found.first().map(|f| f.to_string()).unwrap_or_default();
+        let json = found.first().map(|f| f.to_string()).unwrap_or_default();
+        let text = found.first().map(|f| finding_text(f)).unwrap_or_default();
         if !expectation.outcomes.contains(&verdict) {
             problems.push(format!(
                 "check: {} was {verdict}, expected {}\n{}",
                 expectation.object,
                 expectation.outcomes.join("|"),
-                indent(&text)
+                indent(&json)
             ));
             continue;
         }
@@ -587,9 +593,29 @@ fn verdict_problems(report: &Value, expected: &[ObjectExpectation]) -> Vec<Strin
         }
     }
     for (object, _) in findings {
-        problems.push(format!("check: a finding for {object}, which the file does not have"));
+        problems.push(format!(
+            "check: a finding for {object}, which the file does not have"
+        ));
     }
     problems
+}
+
+/// What a finding says in words: its message, each reason (`field: what`) and what mutate
+/// would change.
+fn finding_text(finding: &Value) -> String {
+    let text = |key: &str| finding.get(key).and_then(Value::as_str).unwrap_or("");
+    let mut lines = vec![text("message").to_owned()];
+    for reason in finding
+        .get("reasons")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let part = |key: &str| reason.get(key).and_then(Value::as_str).unwrap_or("");
+        lines.push(format!("{}: {}", part("field"), part("what")));
+    }
+    lines.push(text("mutation").to_owned());
+    lines.join("\n")
 }
 
 // === the API rules on what gpu-guard mutated ===
@@ -597,7 +623,10 @@ fn verdict_problems(report: &Value, expected: &[ObjectExpectation]) -> Vec<Strin
 /// Every violation of the API server's rules (Jobs, CronJob jobTemplates) and JobSet's webhook
 /// rules (JobSets, Trainer runtimes' JobSet template) in a mutated object.
 fn api_rule_problems(object: &Value) -> Vec<String> {
-    let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let api_version = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
     let violations = match (group, kind_of(object)) {
         ("batch", "Job") => decode::<Job>(object, "").map(|job| check_job(&job)),
@@ -606,9 +635,8 @@ fn api_rule_problems(object: &Value) -> Vec<String> {
         ("jobset.x-k8s.io", "JobSet") => decode::<JobSetSpec>(object, "/spec")
             .map(|spec| check_jobset_spec(&spec, &FieldPath::new(["spec"]))),
         ("trainer.kubeflow.org", "TrainingRuntime" | "ClusterTrainingRuntime") => {
-            decode::<JobSetSpec>(object, "/spec/template/spec").map(|spec| {
-                check_jobset_spec(&spec, &FieldPath::new(["spec", "template", "spec"]))
-            })
+            decode::<JobSetSpec>(object, "/spec/template/spec")
+                .map(|spec| check_jobset_spec(&spec, &FieldPath::new(["spec", "template", "spec"])))
         }
         (_, kind) => Err(format!(
             "gpu-guard changed a {api_version} {kind}, a kind it does not mutate"
@@ -755,13 +783,16 @@ fn indent(text: &str) -> String {
 fn value_difference(input: &Value, output: &Value, at: String) -> String {
     match (input, output) {
         (Value::Object(a), Value::Object(b)) => {
-            let (keys_a, keys_b): (Vec<&String>, Vec<&String>) = (a.keys().collect(), b.keys().collect());
+            let (keys_a, keys_b): (Vec<&String>, Vec<&String>) =
+                (a.keys().collect(), b.keys().collect());
             if keys_a != keys_b {
                 return format!("{at}: keys {keys_a:?} became {keys_b:?}");
             }
             a.iter()
                 .find(|(key, value)| exact(value) != exact(&b[key.as_str()]))
-                .map(|(key, value)| value_difference(value, &b[key.as_str()], format!("{at}/{key}")))
+                .map(|(key, value)| {
+                    value_difference(value, &b[key.as_str()], format!("{at}/{key}"))
+                })
                 .unwrap_or_default()
         }
         (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
@@ -859,7 +890,11 @@ fn every_corpus_file_gets_what_its_header_expects() {
         files.len()
     );
     for (path, _) in &failures {
-        let _ = writeln!(report, "  {}", path.strip_prefix(root).unwrap_or(path).display());
+        let _ = writeln!(
+            report,
+            "  {}",
+            path.strip_prefix(root).unwrap_or(path).display()
+        );
     }
     for (path, problems) in &failures {
         let _ = writeln!(
@@ -955,9 +990,7 @@ fn an_added_rule_that_takes_a_users_exit_code_is_found() {
         overlap(&condition, &user_condition).as_deref(),
         Some("pod condition DisruptionTarget=True")
     );
-    let job = |rules: Vec<Value>| {
-        serde_json::json!({"kind": "Job", "spec": {"podFailurePolicy": {"rules": rules}}})
-    };
+    let job = |rules: Vec<Value>| serde_json::json!({"kind": "Job", "spec": {"podFailurePolicy": {"rules": rules}}});
     let input = job(vec![user.clone()]);
     assert_eq!(
         shadowing_problems(&input, &job(vec![condition.clone(), device, user.clone()])).len(),

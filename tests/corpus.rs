@@ -416,6 +416,7 @@ fn check_file(path: &Path) -> Vec<String> {
                 api_rule_problems(output)
                     .into_iter()
                     .chain(shadowing_problems(input, output))
+                    .chain(kept_content_problems(input, output))
                     .map(|p| format!("mutate: {}: {p}", expectation.object)),
             );
         } else if changed {
@@ -657,6 +658,135 @@ fn decode<T: serde::de::DeserializeOwned>(object: &Value, pointer: &str) -> Resu
         .cloned()
         .ok_or_else(|| format!("the output has no {pointer}"))?;
     serde_json::from_value(value).map_err(|e| format!("the output's {pointer} cannot be read: {e}"))
+}
+
+/// A mutated object keeps everything gpu-guard does not own, as it was (an embedded script in a
+/// command, labels, fields newer than gpu-guard): the input and the output, without the fields
+/// gpu-guard writes (docs/mutation.md), are the same.
+fn kept_content_problems(input: &Value, output: &Value) -> Vec<String> {
+    let (mut before, mut after) = (input.clone(), output.clone());
+    without_owned_fields(&mut before);
+    without_owned_fields(&mut after);
+    if exact(&before) == exact(&after) {
+        Vec::new()
+    } else {
+        vec![format!(
+            "a field gpu-guard does not own changed: {}",
+            value_difference(&before, &after, String::new())
+        )]
+    }
+}
+
+/// Removes what gpu-guard writes: the `gpu-guard.io/mutated` annotation; in each Job spec
+/// (of a Job, a CronJob's jobTemplate, each replicated Job) `podFailurePolicy`,
+/// `podReplacementPolicy` and `activeDeadlineSeconds`, and in its pod template `restartPolicy`,
+/// `terminationGracePeriodSeconds`, `tolerations` and each container's `restartPolicy` and
+/// `restartPolicyRules`; a JobSet's `failurePolicy`. Nulls are removed too (gpu-guard may fill
+/// a null parent it writes into).
+fn without_owned_fields(object: &mut Value) {
+    without_mutated_annotation(object);
+    let job_specs: Vec<String> = match kind_of(object) {
+        "JobSet" | "TrainingRuntime" | "ClusterTrainingRuntime" => {
+            let base = if kind_of(object) == "JobSet" {
+                "/spec"
+            } else {
+                "/spec/template/spec"
+            };
+            if let Some(spec) = object.pointer_mut(base).and_then(Value::as_object_mut) {
+                spec.remove("failurePolicy");
+            }
+            let count = object
+                .pointer(&format!("{base}/replicatedJobs"))
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            (0..count)
+                .map(|i| format!("{base}/replicatedJobs/{i}/template/spec"))
+                .collect()
+        }
+        "CronJob" => vec!["/spec/jobTemplate/spec".to_owned()],
+        _ => vec!["/spec".to_owned()],
+    };
+    for pointer in job_specs {
+        // The Job template's own metadata (a CronJob's jobTemplate, a replicated Job's
+        // template) carries the annotation too, so the Jobs made from it do.
+        if let Some(template) = pointer
+            .strip_suffix("/spec")
+            .and_then(|template| object.pointer_mut(template))
+            .filter(|_| pointer != "/spec")
+        {
+            without_mutated_annotation(template);
+        }
+        let Some(spec) = object.pointer_mut(&pointer).and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for field in [
+            "podFailurePolicy",
+            "podReplacementPolicy",
+            "activeDeadlineSeconds",
+        ] {
+            spec.remove(field);
+        }
+        let Some(pod) = spec
+            .get_mut("template")
+            .and_then(|template| template.get_mut("spec"))
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        for field in [
+            "restartPolicy",
+            "terminationGracePeriodSeconds",
+            "tolerations",
+        ] {
+            pod.remove(field);
+        }
+        for list in ["containers", "initContainers"] {
+            for container in pod
+                .get_mut(list)
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_object_mut)
+            {
+                container.remove("restartPolicy");
+                container.remove("restartPolicyRules");
+            }
+        }
+    }
+    remove_nulls(object);
+}
+
+/// Removes `metadata.annotations["gpu-guard.io/mutated"]` of `object`, and the annotations and
+/// metadata it leaves empty.
+fn without_mutated_annotation(object: &mut Value) {
+    let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if let Some(annotations) = metadata
+        .get_mut("annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove("gpu-guard.io/mutated");
+        if annotations.is_empty() {
+            metadata.remove("annotations");
+        }
+    }
+    if metadata.is_empty()
+        && let Some(fields) = object.as_object_mut()
+    {
+        fields.remove("metadata");
+    }
+}
+
+fn remove_nulls(value: &mut Value) {
+    match value {
+        Value::Object(fields) => {
+            fields.retain(|_, field| !field.is_null());
+            fields.values_mut().for_each(remove_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(remove_nulls),
+        _ => {}
+    }
 }
 
 /// Where the pod failure policies of an object are: `spec.podFailurePolicy.rules` of a Job, of

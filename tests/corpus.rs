@@ -685,28 +685,13 @@ fn kept_content_problems(input: &Value, output: &Value) -> Vec<String> {
 /// a null parent it writes into).
 fn without_owned_fields(object: &mut Value) {
     without_mutated_annotation(object);
-    let job_specs: Vec<String> = match kind_of(object) {
-        "JobSet" | "TrainingRuntime" | "ClusterTrainingRuntime" => {
-            let base = if kind_of(object) == "JobSet" {
-                "/spec"
-            } else {
-                "/spec/template/spec"
-            };
-            if let Some(spec) = object.pointer_mut(base).and_then(Value::as_object_mut) {
-                spec.remove("failurePolicy");
-            }
-            let count = object
-                .pointer(&format!("{base}/replicatedJobs"))
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            (0..count)
-                .map(|i| format!("{base}/replicatedJobs/{i}/template/spec"))
-                .collect()
-        }
-        "CronJob" => vec!["/spec/jobTemplate/spec".to_owned()],
-        _ => vec!["/spec".to_owned()],
-    };
-    for pointer in job_specs {
+    if let Some(spec) = jobset_spec_pointer(object)
+        .and_then(|base| object.pointer_mut(base))
+        .and_then(Value::as_object_mut)
+    {
+        spec.remove("failurePolicy");
+    }
+    for pointer in job_spec_pointers(object) {
         // The Job template's own metadata (a CronJob's jobTemplate, a replicated Job's
         // template) carries the annotation too, so the Jobs made from it do.
         if let Some(template) = pointer
@@ -792,29 +777,39 @@ fn remove_nulls(value: &mut Value) {
 /// Where the pod failure policies of an object are: `spec.podFailurePolicy.rules` of a Job, of
 /// a CronJob's jobTemplate, of each replicated Job of a JobSet or a Trainer runtime.
 fn rule_lists(object: &Value) -> Vec<String> {
-    let job_specs: Vec<String> = match kind_of(object) {
-        "Job" => vec!["/spec".to_owned()],
-        "CronJob" => vec!["/spec/jobTemplate/spec".to_owned()],
-        "JobSet" | "TrainingRuntime" | "ClusterTrainingRuntime" => {
-            let base = if kind_of(object) == "JobSet" {
-                "/spec"
-            } else {
-                "/spec/template/spec"
-            };
-            let count = object
-                .pointer(&format!("{base}/replicatedJobs"))
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            (0..count)
-                .map(|i| format!("{base}/replicatedJobs/{i}/template/spec"))
-                .collect()
-        }
-        _ => Vec::new(),
-    };
-    job_specs
+    job_spec_pointers(object)
         .into_iter()
         .map(|spec| format!("{spec}/podFailurePolicy/rules"))
         .collect()
+}
+
+/// Where an object's JobSet spec is: `spec` of a JobSet, `spec.template.spec` of a Trainer
+/// runtime.
+fn jobset_spec_pointer(object: &Value) -> Option<&'static str> {
+    match kind_of(object) {
+        "JobSet" => Some("/spec"),
+        "TrainingRuntime" | "ClusterTrainingRuntime" => Some("/spec/template/spec"),
+        _ => None,
+    }
+}
+
+/// Where an object's Job specs are: a Job's `spec`, a CronJob's jobTemplate, each replicated
+/// Job of a JobSet or a Trainer runtime.
+fn job_spec_pointers(object: &Value) -> Vec<String> {
+    if let Some(base) = jobset_spec_pointer(object) {
+        let count = object
+            .pointer(&format!("{base}/replicatedJobs"))
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        return (0..count)
+            .map(|i| format!("{base}/replicatedJobs/{i}/template/spec"))
+            .collect();
+    }
+    match kind_of(object) {
+        "CronJob" => vec!["/spec/jobTemplate/spec".to_owned()],
+        "Job" => vec!["/spec".to_owned()],
+        _ => Vec::new(),
+    }
 }
 
 /// The rules gpu-guard added never decide what a rule the user wrote decided: the Job

@@ -7,17 +7,18 @@
 //! ```yaml
 //! # follows: kubernetes-sigs/jobset examples/simple/max-restarts.yaml @ 7d3cf3e
 //! # expect exit: mutate=0 check=0
-//! # expect mutate: jobset/restart-demo mutated "podFailurePolicy"
-//! # expect check: jobset/restart-demo allowed
+//! # expect mutate: jobset/bounded-gpu-gang mutated "podFailurePolicy (3 rules)"
+//! # expect check: jobset/bounded-gpu-gang allowed
 //! ```
 //!
 //! For each file the test asserts: both exit codes; per object, what `mutate` did (mutated,
-//! unchanged, skipped, not handled, failed) with a fragment of why; that every object it mutated
-//! passes the API server's rules and JobSet's webhook rules (`gpu_guard::rules`), and that none of
-//! the rules it added takes an exit code or pod condition away from a rule the user wrote; that a
-//! second `mutate` changes nothing; that every object it did not mutate comes out with the same
-//! content, read by an independent YAML reader (serde_norway); and the guard's verdict per
-//! object. Every failing file is reported, with every difference, in one run.
+//! unchanged, skipped, not handled, failed) with a fragment of why, and the summary's counts;
+//! that every object it mutated passes the API server's rules and JobSet's webhook rules
+//! (`gpu_guard::rules`), keeps every field gpu-guard does not own, and that none of the rules it
+//! added takes an exit code or pod condition away from a rule the user wrote; that a second
+//! `mutate` changes nothing; that every object it did not mutate comes out with the same content,
+//! read by an independent YAML reader (serde_norway); and the guard's verdict per object. Every
+//! failing file is reported, with every difference, in one run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -246,13 +247,17 @@ fn gpu_guard(args: &[&str], stdin: Option<&str>) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = command.spawn().expect("the gpu-guard binary runs");
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(input.as_bytes()).expect("stdin is written");
-    }
-    let output = child
-        .wait_with_output()
-        .expect("the gpu-guard binary finishes");
+    let pipe = child.stdin.take();
+    // Written from another thread while this one drains stdout and stderr, so that neither
+    // side can wait on a full pipe.
+    let output = std::thread::scope(|scope| {
+        if let (Some(mut pipe), Some(input)) = (pipe, stdin) {
+            scope.spawn(move || pipe.write_all(input.as_bytes()).expect("stdin is written"));
+        }
+        child
+            .wait_with_output()
+            .expect("the gpu-guard binary finishes")
+    });
     Output {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),

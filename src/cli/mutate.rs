@@ -13,7 +13,7 @@ use super::tally::{self, Tally};
 use super::{Log, exit};
 use crate::guard::{ClusterView, Layered, StaticView};
 use crate::manifest::{self, Document, DocumentWriter, Format};
-use crate::mutate::{object, other_kinds};
+use crate::mutate::{SkipReason, object, other_kinds};
 use crate::policy::{DraFacts, Policy};
 
 #[derive(Debug, Args)]
@@ -357,6 +357,10 @@ impl KnownRuntime {
         let status = match object::mutate_object_with(value, policy, dra)? {
             Err(error) => format!("{NOT_PROTECTED}: {error}"),
             Ok(mutation) => match mutation.outcome.skipped() {
+                Some(SkipReason::NotDeviceWorkload) => format!(
+                    "{NOT_PROTECTED}: none of its replicated Jobs requests a device resource \
+                     listed in the policy"
+                ),
                 Some(reason) => format!("{NOT_PROTECTED}: {}", reason.describe()),
                 None if !mutation.patch.is_empty() => {
                     "protected: gpu-guard mutates it at admission".to_owned()
@@ -366,11 +370,11 @@ impl KnownRuntime {
                 }
                 None => format!(
                     "{NOT_PROTECTED}: {}",
-                    mutation.outcome.warnings().first().map_or(
-                        "none of its replicated Jobs requests a device resource listed in the \
-                         policy",
-                        String::as_str
-                    )
+                    mutation
+                        .outcome
+                        .warnings()
+                        .first()
+                        .map_or("gpu-guard leaves it unchanged", String::as_str)
                 ),
             },
         };

@@ -179,8 +179,28 @@ impl Workload {
 
     /// [`Workload::from_json`] from a decoded value (the CLI reads manifests into values).
     pub fn from_value(kind: GuardedKind, value: &serde_json::Value) -> Result<Self, DecodeError> {
-        // Through text: one decoder, so the webhook and the CLI cannot read differently.
-        Self::from_json(kind, &value.to_string())
+        // Through text: one decoder, so the webhook and the CLI cannot read differently. A
+        // manifest's null fields (`spec:` left empty) are dropped first, as the API server
+        // drops them: a custom resource's before defaulting (CRD docs, "Defaulting and
+        // Nullable"), a built-in type's as it decodes them into absent values; the webhook
+        // never sees them.
+        Self::from_json(kind, &without_null_fields(value).to_string())
+    }
+}
+
+/// `value` without the fields whose value is `null`, at every depth (list items are kept).
+fn without_null_fields(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .filter(|(_, field)| !field.is_null())
+                .map(|(key, field)| (key.clone(), without_null_fields(field)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_null_fields).collect()),
+        other => other.clone(),
     }
 }
 
@@ -396,4 +416,29 @@ struct RuntimeSpec {
 struct JobSetTemplate {
     #[serde(default)]
     spec: JobSetSpec,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_manifests_null_fields_read_as_absent() {
+        // JobSet's config/samples leave `spec:` empty; hand-written manifests leave lists empty.
+        let empty = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "empty", "labels": null}, "spec": null});
+        let workload = Workload::from_value(GuardedKind::JobSet, &empty).expect("read");
+        assert!(workload.templates.is_empty());
+        assert_eq!(workload.metadata.name.as_deref(), Some("empty"));
+
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"tolerations": null,
+            "containers": [{"name": "c", "resources": {"limits": null}}]}});
+        let workload = Workload::from_value(GuardedKind::Pod, &pod).expect("read");
+        assert_eq!(workload.templates[0].spec.tolerations, None);
+        assert_eq!(
+            without_null_fields(&json!({"a": [null, {"b": null, "c": 1}]})),
+            json!({"a": [null, {"c": 1}]})
+        );
+    }
 }

@@ -150,6 +150,7 @@ pub fn mutate_jobset(
     // The warnings that stay true if the JobSet is left unchanged after all: none that tells
     // of a change to a replicated Job or to the JobSet's failure policy.
     let mut input_warnings = Vec::new();
+    let mut any_device = false;
     for (index, replica) in spec.replicated_jobs.iter().enumerate() {
         let job = || Job {
             metadata: replica.template.metadata.clone().unwrap_or_default(),
@@ -160,6 +161,7 @@ pub fn mutate_jobset(
         let facts = ClusterFacts::of(metadata, dra);
         let outcome = mutate_owned_job(job(), policy, JobRole::JobSetReplica, facts, job);
         let about_replica = |warning: &String| format!("replicatedJob {}: {warning}", replica.name);
+        any_device |= outcome.skipped != Some(SkipReason::NotDeviceWorkload);
         warnings.extend(outcome.warnings.iter().map(about_replica));
         input_warnings.extend(outcome.input_warnings().map(about_replica));
         if outcome.is_changed() {
@@ -170,7 +172,9 @@ pub fn mutate_jobset(
         }
     }
     if replicated.is_empty() {
-        return JobSetOutcome::unchanged(spec, warnings, None);
+        // Told as for a Job: no replicated Job is a device workload, so nothing to protect.
+        let skipped = (!any_device).then_some(SkipReason::NotDeviceWorkload);
+        return JobSetOutcome::unchanged(spec, warnings, skipped);
     }
 
     let gang_rules = gang_rules(&mutated, &replicated, policy);

@@ -173,7 +173,8 @@ impl World {
             "the caches reported synced {:?} after they started",
             waiting.elapsed()
         );
-        eventually("four watches open", || fake.open_watches_total() == 4).await;
+        // Nodes, pods, namespaces, ResourceSlices, ResourceClaims.
+        eventually("five watches open", || fake.open_watches_total() >= 5).await;
         let metrics = Arc::new(ControllerMetrics::default());
         let reconciler = Reconciler::new(
             fake.config(),

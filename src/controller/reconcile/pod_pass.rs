@@ -15,17 +15,20 @@ use kube::api::PostParams;
 use kube::runtime::events::EventType;
 
 use super::events::REASON_EVICTED;
+use super::pods::ClaimDrivers;
 use super::throttle::Backoff;
 use super::{PassReport, Reconciler, Stop, Write, WriteError};
 use crate::controller::pod::{Action, Cause, PodFacts, verdict};
 
 impl Reconciler {
     /// Judges and acts on `pods` (device pods' facts, sorted) of the `opted_in` namespaces, at
-    /// `now`, against the node states of the last node pass. `Err(Stop)` when leadership ran
-    /// out.
+    /// `now`, against the node states of the last node pass; a pod's ResourceClaims count as
+    /// the devices of the drivers that allocated them (`claims`). `Err(Stop)` when leadership
+    /// ran out.
     pub(super) async fn pods_pass(
         &mut self,
         pods: Vec<Arc<PodFacts>>,
+        claims: &ClaimDrivers,
         opted_in: &HashSet<String>,
         now: Timestamp,
         report: &mut PassReport,
@@ -34,6 +37,7 @@ impl Reconciler {
             if !opted_in.contains(&pod.namespace) {
                 continue;
             }
+            let pod = claims.resolve(pod, &self.policy);
             let node_state = pod
                 .node
                 .as_ref()

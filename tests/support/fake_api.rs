@@ -406,10 +406,31 @@ impl Fake {
             (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
                 patch_pod_status(&mut state, &format!("{ns}/{name}"), &body)
             }
-            (&Method::POST, ["api", "v1", "namespaces", _, "pods", pod, "eviction"]) => {
+            (&Method::POST, ["api", "v1", "namespaces", ns, "pods", pod, "eviction"]) => {
                 let refused = state.eviction_refused.contains(*pod);
                 let canned = state.eviction_answers.get(*pod).cloned();
+                let wanted = body["deleteOptions"]["preconditions"]["uid"].as_str();
+                let current = state.collections[PODS]
+                    .objects
+                    .get(&format!("{ns}/{pod}"))
+                    .and_then(|object| object["metadata"]["uid"].as_str());
                 match state.eviction_status {
+                    // As the eviction subresource checks a UID precondition before deleting
+                    // (k8s.io/apiserver `rest.BeforeDelete`: 409 Conflict).
+                    _ if wanted.is_some() && current.is_some() && wanted != current => (
+                        StatusCode::CONFLICT,
+                        status(
+                            409,
+                            "Conflict",
+                            &format!(
+                                "Operation cannot be fulfilled on Pod \"{pod}\": the UID in the \
+                                 precondition ({}) does not match the UID in record ({}). The \
+                                 object might have been deleted and then recreated",
+                                wanted.unwrap_or_default(),
+                                current.unwrap_or_default()
+                            ),
+                        ),
+                    ),
                     _ if canned.is_some() => {
                         let (code, body) = canned.unwrap_or_default();
                         (StatusCode::from_u16(code).expect("an HTTP status"), body)
@@ -692,11 +713,29 @@ fn patch_node(state: &mut State, name: &str, patch: Value) -> (StatusCode, Value
     (StatusCode::OK, state.apply(NODES, None, node))
 }
 
-/// A strategic merge patch of status.conditions (merge key `type`).
+/// A strategic merge patch of status.conditions (merge key `type`). A `metadata.uid` in the
+/// patch that is not the pod's is refused as the API server refuses it: `metadata.uid` is
+/// immutable (422 Invalid, k8s.io/apimachinery `ValidateObjectMetaUpdate`).
 fn patch_pod_status(state: &mut State, key: &str, patch: &Value) -> (StatusCode, Value) {
     let Some(mut pod) = state.collections[PODS].objects.get(key).cloned() else {
         return (StatusCode::NOT_FOUND, status(404, "NotFound", "no pod"));
     };
+    if let Some(uid) = patch["metadata"]["uid"].as_str()
+        && pod["metadata"]["uid"].as_str() != Some(uid)
+    {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let mut invalid = status(
+            422,
+            "Invalid",
+            &format!(
+                "Pod \"{name}\" is invalid: metadata.uid: Invalid value: \"{uid}\": field is immutable"
+            ),
+        );
+        invalid["details"] = json!({"name": name, "kind": "Pod", "causes": [
+            {"reason": "FieldValueInvalid", "message": "Invalid value: \"...\": field is immutable",
+             "field": "metadata.uid"}]});
+        return (StatusCode::UNPROCESSABLE_ENTITY, invalid);
+    }
     let mut merged: Vec<Value> = pod["status"]["conditions"]
         .as_array()
         .cloned()

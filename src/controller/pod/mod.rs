@@ -444,9 +444,19 @@ pub fn device_failure_condition(cause: &Cause, now: Timestamp) -> PodCondition {
 }
 
 /// The strategic merge patch of `pods/{name}/status` that adds the condition (the API merges
-/// `status.conditions` by `type`, so the pod's other conditions stay).
-pub fn condition_patch(cause: &Cause, now: Timestamp) -> Value {
-    json!({"status": {"conditions": [device_failure_condition(cause, now)]}})
+/// `status.conditions` by `type`, so the pod's other conditions stay), for the pod whose uid is
+/// `uid`. The uid makes the patch apply to that pod only, as the kubelet's status patches do
+/// (kubernetes `pkg/util/pod/pod.go`, `preparePatchBytesForPodStatus`: "only put the uid in the
+/// new object to ensure it appears in the patch as a precondition"; PR #86320): `metadata.uid`
+/// cannot change, so the API server refuses the patch of a pod recreated under the same name
+/// since it was cached (422 Invalid, `metadata.uid: field is immutable`, from the object meta
+/// update validation). An empty uid (never, from the API server) adds no precondition.
+pub fn condition_patch(uid: &str, cause: &Cause, now: Timestamp) -> Value {
+    let mut patch = json!({"status": {"conditions": [device_failure_condition(cause, now)]}});
+    if !uid.is_empty() {
+        patch["metadata"] = json!({"uid": uid});
+    }
+    patch
 }
 
 #[cfg(test)]

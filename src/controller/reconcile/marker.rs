@@ -129,7 +129,16 @@ impl Marker {
         if written.is_err() {
             self.claimed().remove(&pod.uid);
         }
-        written?;
+        match written {
+            Err(WriteError::Api(error)) if replaced(&error) => {
+                // The cache lags: the pod it knows is gone, and another took its name. The
+                // new pod is judged on its own, from its own watch event.
+                tracing::info!(pod = %pod.id(), uid = %pod.uid,
+                    "not marked: the pod was replaced by another of the same name ({error})");
+                return Ok(false);
+            }
+            written => written?,
+        }
         self.metrics.pods_marked.inc();
         let note = cause.message();
         let id = pod.id();
@@ -163,7 +172,7 @@ impl Marker {
         api.patch_status(
             &pod.name,
             &params,
-            &Patch::Strategic(pod::condition_patch(cause, now)),
+            &Patch::Strategic(pod::condition_patch(&pod.uid, cause, now)),
         )
         .await?;
         Ok(())
@@ -171,6 +180,32 @@ impl Marker {
 
     fn claimed(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.claimed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Whether the API server refused a write for a pod's uid: the pod was deleted and another
+/// created under its name since the cache saw it. A status patch whose `metadata.uid` differs
+/// is invalid (422, the field `metadata.uid` is immutable: k8s.io/apimachinery
+/// `ValidateObjectMetaUpdate`); an eviction whose `deleteOptions.preconditions.uid` differs is a
+/// conflict (409: "the UID in the precondition ... does not match the UID in record", k8s.io/apiserver
+/// `pkg/registry/rest/delete.go` `BeforeDelete`).
+pub(super) fn replaced(error: &kube::Error) -> bool {
+    let kube::Error::Api(status) = error else {
+        return false;
+    };
+    let names_uid = status.message.contains("metadata.uid")
+        || status
+            .details
+            .iter()
+            .flat_map(|details| &details.causes)
+            .any(|cause| cause.field == "metadata.uid");
+    match status.code {
+        422 => names_uid,
+        409 => {
+            status.message.contains("UID in precondition")
+                || status.message.contains("UID in record")
+        }
+        _ => false,
     }
 }
 

@@ -282,7 +282,7 @@ fn check_allows_nvidias_quickstart_pod_and_reports_an_unknown_claim_as_unjudged(
 
 mod support;
 
-use support::controller::{World, namespace, policy};
+use support::controller::{World, dra_node, namespace, nvidia_dra_slice, policy};
 use support::fake_api::{CLAIMS, NAMESPACES, NODES, PODS, RESOURCE_SLICES};
 
 /// An allocated ResourceClaim `ml/<name>`, its devices allocated by `driver` on node `dra-1`.
@@ -317,33 +317,12 @@ fn dra_pod(name: &str, spec: Value, status: Value) -> Value {
 /// device-plugin pods; a pod whose claim another driver allocated (a NIC) is not.
 #[tokio::test]
 async fn dra_pods_on_a_node_degraded_for_their_driver_are_marked_and_evicted() {
-    let devices: Vec<Value> = (0..8)
-        .map(|index| {
-            let mut device = json!({"name": format!("gpu-{index}")});
-            if index == 3 {
-                device["taints"] = json!([{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79",
-                                           "effect": "NoExecute"}]);
-            }
-            device
-        })
-        .collect();
     let claim_container = json!({"containers": [{"name": "trainer", "image": "cuda",
                                "resources": {"claims": [{"name": "gpus"}]}}],
                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "one-gpu"}]});
     let objects = vec![
-        (
-            NODES,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-1"},
-                   "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}}),
-        ),
-        (
-            RESOURCE_SLICES,
-            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                   "metadata": {"name": "dra-1-gpu.nvidia.com-x7k2p"},
-                   "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-1",
-                            "pool": {"name": "dra-1", "generation": 1, "resourceSliceCount": 1},
-                            "devices": devices}}),
-        ),
+        (NODES, dra_node("dra-1")),
+        (RESOURCE_SLICES, nvidia_dra_slice("dra-1", &[3])),
         (NAMESPACES, namespace("ml", true)),
         (
             CLAIMS,

@@ -347,13 +347,14 @@ async fn a_new_term_keeps_the_node_clocks_and_forgets_what_was_done() {
         world.reconciler.histories()["gpu-1"].degraded_since,
         Some(at(0))
     );
+    // What was done is forgotten, what the cache shows is not: the pod marked in the last term
+    // (another leader may have acted meanwhile) is not marked again once the cache shows its
+    // mark. The pass does not wait for its Events, so the watch event may still be on its way.
+    world.pod_cached("sick", |pod| pod.marked).await;
     // The degradation clock did not start again: tainted at 120 s, as without the change.
     world.fake.clear_requests();
     let report = world.pass(120).await;
     assert_eq!(report.tainted, ["gpu-1"]);
-    // What was done is forgotten: the pod marked in the last term is marked again (another
-    // leader may have acted meanwhile; the cache shows the mark it has).
-    world.pod_cached("sick", |pod| pod.marked).await;
     assert!(!report.marked.contains(&"ml/sick".to_owned()), "{report:?}");
 }
 

@@ -322,6 +322,89 @@ async fn a_pod_is_marked_from_its_watch_event_while_a_node_write_hangs() {
     running.shutdown().await;
 }
 
+/// Eight pods of one node hit at once (NVIDIA's device plugin marks every device of a node
+/// unhealthy together on some errors), with status patches that take 50 ms each and an Event
+/// endpoint that takes 400 ms per Event: the marks go out together, not one patch and one Event
+/// after the other. Serially, the eighth patch would arrive after seven Events were answered.
+#[tokio::test]
+async fn eight_pods_hit_at_once_are_marked_together_without_waiting_for_their_events() {
+    let fake = Fake::start().await;
+    fake.put(NODES, gpu_node("gpu-1", 8, 8));
+    fake.put(NAMESPACES, namespace("ml", true));
+    let names: Vec<String> = (0..8).map(|i| format!("train-{i}")).collect();
+    for name in &names {
+        fake.put(PODS, pod("ml", name, "gpu-1", true, false));
+    }
+    let policy = policy(|p| p.controller.resync_seconds = 3600);
+    let running = run::start(fake.config(), policy, without_election())
+        .await
+        .expect("start");
+    eventually("eight device pods cached", || {
+        running.metrics.device_pods.get() == 8
+    })
+    .await;
+    {
+        let mut state = fake.lock();
+        state.status_delay = Some(Duration::from_millis(50));
+        state.event_delay = Some(Duration::from_millis(400));
+    }
+    for name in &names {
+        fake.put(PODS, pod("ml", name, "gpu-1", true, true));
+    }
+    let is_mark = |r: &Logged| r.method == Method::PATCH && r.path.ends_with("/status");
+    let is_event_post = |r: &Logged| r.is_event() && r.method == Method::POST;
+    eventually("eight marks answered and an Event answered", || {
+        let requests = fake.requests();
+        requests
+            .iter()
+            .filter(|r| is_mark(r) && r.answered.is_some())
+            .count()
+            == 8
+            && requests
+                .iter()
+                .any(|r| is_event_post(r) && r.answered.is_some())
+    })
+    .await;
+    let requests = fake.requests();
+    let marks: Vec<&Logged> = requests.iter().filter(|r| is_mark(r)).collect();
+    let marked: std::collections::BTreeSet<&str> = marks
+        .iter()
+        .map(|r| r.path.split('/').nth(6).expect("a pod name"))
+        .collect();
+    assert_eq!(marked.len(), 8, "each pod marked once: {marked:?}");
+    let first_event_answered = requests
+        .iter()
+        .filter(|r| is_event_post(r))
+        .filter_map(|r| r.answered)
+        .min()
+        .expect("an Event answered");
+    let last_mark_sent = marks.iter().map(|r| r.received).max().expect("marks");
+    assert!(
+        last_mark_sent < first_event_answered,
+        "the eighth mark arrived {:?} after the first Event was answered",
+        last_mark_sent - first_event_answered
+    );
+    // The patches overlap: one arrived while an earlier one was still being answered.
+    let overlapping = marks.iter().any(|a| {
+        marks
+            .iter()
+            .any(|b| a.received < b.received && b.received < a.answered.expect("answered"))
+    });
+    assert!(overlapping, "the marks were sent one after the other");
+    // Nothing is lost: every mark is told of in an Event, once the slow endpoint has taken them.
+    eventually("eight Events published", || {
+        fake.events()
+            .iter()
+            .filter(|(reason, _, _)| reason == "DeviceFailureMarked")
+            .count()
+            == 8
+    })
+    .await;
+    assert_eq!(running.metrics.pods_marked.get(), 8);
+    assert_eq!(running.metrics.events_dropped.get(), 0);
+    running.shutdown().await;
+}
+
 /// One replica, no election, the admin port on any free port.
 fn without_election() -> ControllerOptions {
     ControllerOptions {

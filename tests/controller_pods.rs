@@ -14,8 +14,9 @@ use support::controller::{
 use support::eventually;
 use support::fake_api::{Logged, NAMESPACES, NODES, PODS, status};
 
-fn condition(reason: &str, message: &str, time: &str) -> Value {
-    json!({"status": {"conditions": [{
+/// The mark of pod `ml/<name>` (its uid as `support::controller::pod` makes it).
+fn condition(name: &str, reason: &str, message: &str, time: &str) -> Value {
+    json!({"metadata": {"uid": format!("uid-ml-{name}")}, "status": {"conditions": [{
         "type": "gpu-guard.io/DeviceFailure",
         "status": "True",
         "reason": reason,
@@ -51,14 +52,20 @@ async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
     );
     assert_eq!(
         writes[0].body,
-        condition("UnhealthyDevice", SICK_MESSAGE, "2027-01-15T08:00:00Z")
+        condition(
+            "sick",
+            "UnhealthyDevice",
+            SICK_MESSAGE,
+            "2027-01-15T08:00:00Z"
+        )
     );
     assert_eq!(writes[1].method, Method::POST);
     assert_eq!(writes[1].path, "/api/v1/namespaces/ml/pods/sick/eviction");
     assert_eq!(
         writes[1].body,
         json!({"apiVersion": "policy/v1", "kind": "Eviction",
-               "metadata": {"name": "sick", "namespace": "ml"}})
+               "metadata": {"name": "sick", "namespace": "ml"},
+               "deleteOptions": {"preconditions": {"uid": "uid-ml-sick"}}})
     );
     // The pod's other conditions stay (the API server merges by type).
     let sick = world.fake.object(PODS, "ml/sick");
@@ -67,12 +74,14 @@ async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
         sick["status"]["conditions"][1]["type"],
         "gpu-guard.io/DeviceFailure"
     );
-    let events: Vec<(String, String)> = world
+    // The mark's Event is published by a task of its own: the two may arrive in either order.
+    let mut events: Vec<(String, String)> = world
         .fake
         .events()
         .into_iter()
         .map(|(reason, name, _)| (reason, name))
         .collect();
+    events.sort();
     assert_eq!(
         events,
         [
@@ -112,7 +121,12 @@ async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
         (
             Method::PATCH,
             "/api/v1/namespaces/ml/pods/on-degraded/status".to_owned(),
-            condition("NodeDeviceDegraded", DEGRADED_MESSAGE, TAINT_TIME)
+            condition(
+                "on-degraded",
+                "NodeDeviceDegraded",
+                DEGRADED_MESSAGE,
+                TAINT_TIME
+            )
         )
     );
     assert_eq!(
@@ -563,4 +577,54 @@ async fn a_forbidden_eviction_backs_off_and_leaves_the_budget_to_the_other_pods(
     let report = world.pass(61).await;
     assert_eq!(report.evicted, ["ml/c"], "{report:?}");
     assert_eq!(report.evictions_deferred, ["ml/a"]);
+}
+
+/// A pod deleted and recreated under the same name while the cache still holds the old one
+/// (its watch lags): the mark carries the old pod's uid and the eviction a UID precondition, so
+/// the API server refuses both, and the new pod (healthy) is neither marked nor evicted. Not an
+/// error: the new pod is judged on its own once the cache has it.
+#[tokio::test]
+async fn a_pod_recreated_under_the_same_name_is_not_marked_or_evicted_from_a_stale_cache() {
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 8)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, pod("ml", "train-0", "gpu-1", true, true)),
+    ];
+    let mut world = World::start(policy(|p| p.controller.pods.evict_pods = true), objects).await;
+    // The new pod, silently (no watch event reaches the cache).
+    let mut recreated = pod("ml", "train-0", "gpu-1", true, false);
+    recreated["metadata"]["uid"] = json!("uid-ml-train-0-new");
+    world.fake.set(PODS, recreated);
+    let report = world.pass(0).await;
+    assert!(report.marked.is_empty(), "{report:?}");
+    assert!(report.evicted.is_empty(), "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    assert_eq!(writes[0].body["metadata"]["uid"], "uid-ml-train-0");
+    assert_eq!(
+        writes[1].body["deleteOptions"]["preconditions"]["uid"],
+        "uid-ml-train-0"
+    );
+    let current = world.fake.object(PODS, "ml/train-0");
+    assert_eq!(current["metadata"]["uid"], "uid-ml-train-0-new");
+    assert_eq!(
+        current["status"]["conditions"],
+        json!([{"type": "Ready", "status": "True"}]),
+        "the new pod was marked"
+    );
+    assert_eq!(world.metrics.pods_marked.get(), 0);
+    assert_eq!(world.metrics.pods_evicted.get(), 0);
+    assert_eq!(world.metrics.reconcile_errors.get(), 0);
+    assert!(world.fake.events().is_empty());
+    // Once the cache has the new pod (healthy, on a healthy node), nothing is done to it; the
+    // old pod's eviction token was given back.
+    world.fake.put(PODS, world.fake.object(PODS, "ml/train-0"));
+    world
+        .pod_cached("train-0", |pod| pod.uid == "uid-ml-train-0-new")
+        .await;
+    world.fake.clear_requests();
+    let report = world.pass(15).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty());
 }

@@ -277,3 +277,127 @@ fn check_allows_nvidias_quickstart_pod_and_reports_an_unknown_claim_as_unjudged(
         "{finding}"
     );
 }
+
+// === the controller: DRA pods on a node degraded for their driver ===
+
+mod support;
+
+use support::controller::{World, dra_node, namespace, nvidia_dra_slice, policy};
+use support::fake_api::{CLAIMS, NAMESPACES, NODES, PODS, RESOURCE_SLICES};
+
+/// An allocated ResourceClaim `ml/<name>`, its devices allocated by `driver` on node `dra-1`.
+fn allocated_claim(name: &str, driver: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
+           "spec": {"devices": {"requests": [{"name": "gpu",
+               "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+           "status": {"allocation": {"devices": {"results": [
+               {"request": "gpu", "driver": driver, "pool": "dra-1", "device": "gpu-0"}]}}}})
+}
+
+/// A running Job pod `ml/<name>` on node `dra-1`, its container as `resources` says, with
+/// `status` merged into its status.
+fn dra_pod(name: &str, spec: Value, status: Value) -> Value {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                          "name": "train", "uid": "uid-train", "controller": true}]},
+        "spec": {"nodeName": "dra-1", "restartPolicy": "Never"},
+        "status": {"phase": "Running"}});
+    json_patch::merge(&mut pod["spec"], &spec);
+    json_patch::merge(&mut pod["status"], &status);
+    pod
+}
+
+/// A node whose GPUs come only from NVIDIA's DRA driver degrades (the driver taints one of its 8
+/// devices). Its pods that use the driver's devices, through a claim made from a template or
+/// through DRA's extended-resource mapping (the pod requests `nvidia.com/gpu`, the scheduler
+/// allocates it through a DeviceClass's `extendedResourceName` and names the claim it made in
+/// `status.extendedResourceClaimStatus`), are marked and evicted when the node is tainted, like
+/// device-plugin pods; a pod whose claim another driver allocated (a NIC) is not.
+#[tokio::test]
+async fn dra_pods_on_a_node_degraded_for_their_driver_are_marked_and_evicted() {
+    let claim_container = json!({"containers": [{"name": "trainer", "image": "cuda",
+                               "resources": {"claims": [{"name": "gpus"}]}}],
+               "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "one-gpu"}]});
+    let objects = vec![
+        (NODES, dra_node("dra-1")),
+        (RESOURCE_SLICES, nvidia_dra_slice("dra-1", &[3])),
+        (NAMESPACES, namespace("ml", true)),
+        (
+            CLAIMS,
+            allocated_claim("templated-gpus-x7k2p", "gpu.nvidia.com"),
+        ),
+        (
+            CLAIMS,
+            allocated_claim("mapped-extended-resources-9qz4m", "gpu.nvidia.com"),
+        ),
+        (
+            CLAIMS,
+            allocated_claim("nic-user-nics-p2r8d", "sriovnetwork.k8s.cni.cncf.io"),
+        ),
+        (
+            PODS,
+            dra_pod(
+                "templated",
+                claim_container.clone(),
+                json!({"resourceClaimStatuses": [
+                    {"name": "gpus", "resourceClaimName": "templated-gpus-x7k2p"}]}),
+            ),
+        ),
+        (
+            PODS,
+            dra_pod(
+                "mapped",
+                json!({"containers": [{"name": "trainer", "image": "cuda",
+                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}),
+                json!({"extendedResourceClaimStatus": {
+                    "resourceClaimName": "mapped-extended-resources-9qz4m",
+                    "requestMappings": [{"containerName": "trainer",
+                        "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}}),
+            ),
+        ),
+        // Its claim is not known (not allocated, or not listed yet): no driver is guessed.
+        (
+            PODS,
+            dra_pod(
+                "unknown-claim",
+                claim_container.clone(),
+                json!({"resourceClaimStatuses": [
+                    {"name": "gpus", "resourceClaimName": "unknown-claim-gpus-4hj2k"}]}),
+            ),
+        ),
+        (
+            PODS,
+            dra_pod(
+                "nic-user",
+                claim_container,
+                json!({"resourceClaimStatuses": [
+                    {"name": "gpus", "resourceClaimName": "nic-user-nics-p2r8d"}]}),
+            ),
+        ),
+    ];
+    let mut world = World::start(policy(|p| p.controller.pods.evict_pods = true), objects).await;
+    let report = world.pass(0).await;
+    assert!(report.marked.is_empty(), "not tainted yet: {report:?}");
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["dra-1"]);
+    assert_eq!(report.marked, ["ml/mapped", "ml/templated"]);
+    assert_eq!(report.evicted, ["ml/mapped", "ml/templated"]);
+    let mark = world
+        .fake
+        .writes()
+        .into_iter()
+        .find(|w| w.path == "/api/v1/namespaces/ml/pods/templated/status")
+        .expect("the mark");
+    let condition = &mark.body["status"]["conditions"][0];
+    assert_eq!(condition["reason"], "NodeDeviceDegraded");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("gpu-guard.io/device-degraded=dra_gpu.nvidia.com"),
+        "{condition}"
+    );
+    assert_eq!(world.metrics.pods_marked.get(), 2);
+}

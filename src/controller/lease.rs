@@ -114,13 +114,24 @@ impl LeaseLock {
     }
 
     /// Acquires or renews the Lease, writing `now` (wall clock) as its times; `seen_at` is the
-    /// local monotonic time of this attempt, by which another holder's expiry is judged.
+    /// local monotonic time this attempt starts, by which another holder's expiry is judged.
     /// `Ok(true)`: this replica holds it.
+    ///
+    /// A record read is observed when the read returns (`seen_at` plus the time the read
+    /// took), not when it was sent: the holder may have written it at any moment until the
+    /// answer, so its lease runs from then on. Stamped at the sending, a slow read would move
+    /// the observation back, and another replica would take over before the holder's renew
+    /// deadline had passed. client-go does the same (k8s.io/client-go
+    /// `tools/leaderelection/leaderelection.go`, `tryAcquireOrRenew`: `setObservedRecord`
+    /// reads the clock after `Lock.Get`), and judges expiry by the time the attempt started.
     pub async fn try_acquire_or_renew(
         &mut self,
         now: Timestamp,
         seen_at: Instant,
     ) -> Result<bool, kube::Error> {
+        let started = Instant::now();
+        // `seen_at` moved on by the time elapsed since this attempt started.
+        let observed_now = || seen_at.checked_add(started.elapsed()).unwrap_or(seen_at);
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -138,7 +149,7 @@ impl LeaseLock {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
-                    self.remember(&created, seen_at);
+                    self.remember(&created, observed_now());
                     Ok(true)
                 }
                 Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
@@ -153,7 +164,7 @@ impl LeaseLock {
             .lease_duration_seconds
             .and_then(|s| u64::try_from(s).ok())
             .map_or(self.duration, Duration::from_secs);
-        let changed_at = self.observe(record, seen_at);
+        let changed_at = self.observe(record, observed_now());
         if holder.as_deref() == Some(self.identity.as_str()) {
             spec.renew_time = Some(MicroTime(now));
             spec.lease_duration_seconds = Some(duration_seconds);
@@ -173,7 +184,7 @@ impl LeaseLock {
             .await
         {
             Ok(written) => {
-                self.remember(&written, seen_at);
+                self.remember(&written, observed_now());
                 Ok(true)
             }
             Err(kube::Error::Api(status)) if status.is_conflict() => Ok(false),

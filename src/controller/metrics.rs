@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 16] = [
+pub const METRIC_NAMES: [(&str, &str); 17] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
@@ -25,6 +25,7 @@ pub const METRIC_NAMES: [(&str, &str); 16] = [
     ("gpu_guard_controller_caches_synced", "gauge"),
     ("gpu_guard_controller_daemonsets_not_tolerating", "gauge"),
     ("gpu_guard_controller_device_pods", "gauge"),
+    ("gpu_guard_controller_events_dropped_total", "counter"),
 ];
 
 /// Every metric the controller exports.
@@ -50,6 +51,8 @@ pub struct ControllerMetrics {
     pub daemonsets_not_tolerating: Gauge,
     /// Device pods in the pod cache (what the controller's memory grows with).
     pub device_pods: Gauge,
+    /// Pod Events not published because the queue that takes them off the mark path was full.
+    pub events_dropped: Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -142,6 +145,11 @@ impl Default for ControllerMetrics {
                 Gauge::default(),
                 "controller_device_pods",
                 "Pods that use a device, held in the controller's pod cache (other pods are not kept)"
+            ),
+            events_dropped: register!(
+                Counter::default(),
+                "controller_events_dropped",
+                "Pod Events (DeviceFailureMarked) not published because their queue was full (the marks themselves were made)"
             ),
             registry,
         }

@@ -41,6 +41,8 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// - pods/eviction create: evict hit pods (`controller.pods.evictPods`);
 /// - namespaces get/list/watch: which namespaces opted in (label `gpu-guard.io/enabled`);
 /// - resourceslices (`resource.k8s.io`) get/list/watch: the DRA devices of each node;
+/// - resourceclaims (`resource.k8s.io`) get/list/watch: which driver allocated a pod's claims,
+///   so a DRA pod on a node degraded for that driver is marked and evicted;
 /// - daemonsets (`apps`) list: once at start, to warn of GPU DaemonSets that do not tolerate
 ///   gpu-guard's taint ([`node::daemonsets`]);
 /// - events (`events.k8s.io`) create/patch: kube's event recorder creates `events.k8s.io/v1`
@@ -49,7 +51,7 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// Nothing on leases: those rights are [`LEASE_RULES`], in a Role of the controller's
 /// namespace. `tests/controller.rs` checks that every call the controller makes is allowed by
 /// these two.
-pub const RBAC_RULES: [(&str, &str, &[&str]); 8] = [
+pub const RBAC_RULES: [(&str, &str, &[&str]); 9] = [
     ("", "nodes", &["get", "list", "watch", "patch"]),
     ("", "pods", &["get", "list", "watch"]),
     ("", "pods/status", &["patch"]),
@@ -58,6 +60,11 @@ pub const RBAC_RULES: [(&str, &str, &[&str]); 8] = [
     (
         "resource.k8s.io",
         "resourceslices",
+        &["get", "list", "watch"],
+    ),
+    (
+        "resource.k8s.io",
+        "resourceclaims",
         &["get", "list", "watch"],
     ),
     ("apps", "daemonsets", &["list"]),

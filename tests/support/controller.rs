@@ -43,6 +43,32 @@ pub fn gpu_node(name: &str, capacity: u32, allocatable: u32) -> Value {
     })
 }
 
+/// A node whose GPUs come only from a DRA driver: no device resource in its status.
+pub fn dra_node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+           "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}})
+}
+
+/// The ResourceSlice of NVIDIA's DRA driver (`gpu.nvidia.com`) on `node`: 8 GPUs, those at
+/// `tainted` carrying the taint the driver puts on a device it finds unhealthy.
+pub fn nvidia_dra_slice(node: &str, tainted: &[usize]) -> Value {
+    let devices: Vec<Value> = (0..8)
+        .map(|index| {
+            let mut device = json!({"name": format!("gpu-{index}")});
+            if tainted.contains(&index) {
+                device["taints"] = json!([{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79",
+                                           "effect": "NoExecute"}]);
+            }
+            device
+        })
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+           "metadata": {"name": format!("{node}-gpu.nvidia.com-x7k2p")},
+           "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices}})
+}
+
 pub fn namespace(name: &str, opted_in: bool) -> Value {
     let labels = if opted_in {
         json!({"gpu-guard.io/enabled": "true", "kubernetes.io/metadata.name": name})
@@ -173,7 +199,8 @@ impl World {
             "the caches reported synced {:?} after they started",
             waiting.elapsed()
         );
-        eventually("four watches open", || fake.open_watches_total() == 4).await;
+        // Nodes, pods, namespaces, ResourceSlices, ResourceClaims.
+        eventually("five watches open", || fake.open_watches_total() >= 5).await;
         let metrics = Arc::new(ControllerMetrics::default());
         let reconciler = Reconciler::new(
             fake.config(),

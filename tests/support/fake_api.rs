@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::body::{Body, Bytes, Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
@@ -67,6 +67,12 @@ pub struct Logged {
     pub content_type: Option<String>,
     pub authorization: Option<String>,
     pub body: Value,
+    /// When the request arrived (before any delay the fake holds it for).
+    pub received: Instant,
+    /// When its answer was sent; `None` while it is held (or for a watch, once open).
+    pub answered: Option<Instant>,
+    /// Tells the requests apart, to record the answer of this one.
+    seq: u64,
 }
 
 impl Logged {
@@ -149,6 +155,10 @@ pub struct State {
     pub status_delay: Option<Duration>,
     /// Node patches are held this long before they are applied (a slow API server).
     pub node_patch_delay: Option<Duration>,
+    /// Event writes are held this long before they are answered (a slow Event endpoint).
+    pub event_delay: Option<Duration>,
+    /// Numbers the requests ([`Logged`]).
+    next_seq: u64,
 }
 
 /// What a dry-run write must leave as it was.
@@ -262,6 +272,8 @@ impl Fake {
             lease_delay: None,
             status_delay: None,
             node_patch_delay: None,
+            event_delay: None,
+            next_seq: 0,
         };
         let fake = Fake {
             addr,
@@ -322,22 +334,28 @@ impl Fake {
             .await
             .unwrap_or_default();
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let logged = Logged {
+        let mut logged = Logged {
             method: method.clone(),
             path: path.clone(),
             query: query.clone(),
             content_type,
             authorization,
             body: body.clone(),
+            received: Instant::now(),
+            answered: None,
+            seq: 0,
         };
         let watch = logged.is_watch();
         let collection_read = method == Method::GET;
 
         // A held list or watch, or a delayed write, waits here (outside the lock).
-        let (gate, delay) = {
+        let (gate, delay, seq) = {
             let mut state = self.lock();
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            logged.seq = seq;
             state.requests.push(logged);
-            match state.collections.get(path.as_str()) {
+            let (gate, delay) = match state.collections.get(path.as_str()) {
                 Some(collection) if collection_read => {
                     let gate = if watch {
                         &collection.watches_open
@@ -347,6 +365,7 @@ impl Fake {
                     (Some(gate.subscribe()), None)
                 }
                 _ if path.starts_with("/apis/coordination.k8s.io/") => (None, state.lease_delay),
+                _ if path.starts_with("/apis/events.k8s.io/") => (None, state.event_delay),
                 _ if method == Method::PATCH && path.ends_with("/status") => {
                     (None, state.status_delay)
                 }
@@ -354,7 +373,8 @@ impl Fake {
                     (None, state.node_patch_delay)
                 }
                 _ => (None, None),
-            }
+            };
+            (gate, delay, seq)
         };
         if let Some(mut gate) = gate {
             let _ = gate.wait_for(|open| *open).await;
@@ -386,10 +406,31 @@ impl Fake {
             (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
                 patch_pod_status(&mut state, &format!("{ns}/{name}"), &body)
             }
-            (&Method::POST, ["api", "v1", "namespaces", _, "pods", pod, "eviction"]) => {
+            (&Method::POST, ["api", "v1", "namespaces", ns, "pods", pod, "eviction"]) => {
                 let refused = state.eviction_refused.contains(*pod);
                 let canned = state.eviction_answers.get(*pod).cloned();
+                let wanted = body["deleteOptions"]["preconditions"]["uid"].as_str();
+                let current = state.collections[PODS]
+                    .objects
+                    .get(&format!("{ns}/{pod}"))
+                    .and_then(|object| object["metadata"]["uid"].as_str());
                 match state.eviction_status {
+                    // As the eviction subresource checks a UID precondition before deleting
+                    // (k8s.io/apiserver `rest.BeforeDelete`: 409 Conflict).
+                    _ if wanted.is_some() && current.is_some() && wanted != current => (
+                        StatusCode::CONFLICT,
+                        status(
+                            409,
+                            "Conflict",
+                            &format!(
+                                "Operation cannot be fulfilled on Pod \"{pod}\": the UID in the \
+                                 precondition ({}) does not match the UID in record ({}). The \
+                                 object might have been deleted and then recreated",
+                                wanted.unwrap_or_default(),
+                                current.unwrap_or_default()
+                            ),
+                        ),
+                    ),
                     _ if canned.is_some() => {
                         let (code, body) = canned.unwrap_or_default();
                         (StatusCode::from_u16(code).expect("an HTTP status"), body)
@@ -447,6 +488,9 @@ impl Fake {
         };
         if let Some(before) = before {
             state.restore_after_dry_run(before);
+        }
+        if let Some(logged) = state.requests.iter_mut().rev().find(|r| r.seq == seq) {
+            logged.answered = Some(Instant::now());
         }
         Ok(json_response(response.0, &response.1))
     }
@@ -669,11 +713,29 @@ fn patch_node(state: &mut State, name: &str, patch: Value) -> (StatusCode, Value
     (StatusCode::OK, state.apply(NODES, None, node))
 }
 
-/// A strategic merge patch of status.conditions (merge key `type`).
+/// A strategic merge patch of status.conditions (merge key `type`). A `metadata.uid` in the
+/// patch that is not the pod's is refused as the API server refuses it: `metadata.uid` is
+/// immutable (422 Invalid, k8s.io/apimachinery `ValidateObjectMetaUpdate`).
 fn patch_pod_status(state: &mut State, key: &str, patch: &Value) -> (StatusCode, Value) {
     let Some(mut pod) = state.collections[PODS].objects.get(key).cloned() else {
         return (StatusCode::NOT_FOUND, status(404, "NotFound", "no pod"));
     };
+    if let Some(uid) = patch["metadata"]["uid"].as_str()
+        && pod["metadata"]["uid"].as_str() != Some(uid)
+    {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let mut invalid = status(
+            422,
+            "Invalid",
+            &format!(
+                "Pod \"{name}\" is invalid: metadata.uid: Invalid value: \"{uid}\": field is immutable"
+            ),
+        );
+        invalid["details"] = json!({"name": name, "kind": "Pod", "causes": [
+            {"reason": "FieldValueInvalid", "message": "Invalid value: \"...\": field is immutable",
+             "field": "metadata.uid"}]});
+        return (StatusCode::UNPROCESSABLE_ENTITY, invalid);
+    }
     let mut merged: Vec<Value> = pod["status"]["conditions"]
         .as_array()
         .cloned()

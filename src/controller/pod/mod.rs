@@ -107,8 +107,12 @@ pub struct PodFacts {
     pub recreated_elsewhere: bool,
     pub tolerations: Vec<Toleration>,
     /// The device resources its containers and init containers request or limit
-    /// ([`device_resources`]).
+    /// ([`device_resources`]). A pass adds `dra/<driver>` for each policy driver that
+    /// allocated one of its [`PodFacts::claims`] ([`PodFacts::with_claim_drivers`]).
     pub devices: BTreeSet<String>,
+    /// The ResourceClaims (in the pod's namespace) its DRA devices come through
+    /// ([`resource_claims`]), sorted.
+    pub claims: Vec<String>,
     /// The first device the kubelet reports unhealthy, if any.
     pub unhealthy: Option<Cause>,
     /// It has `gpu-guard.io/DeviceFailure=True` already ([`is_marked`]).
@@ -131,16 +135,41 @@ impl PodFacts {
                 .and_then(|spec| spec.tolerations.clone())
                 .unwrap_or_default(),
             devices: device_resources(pod, policy),
+            claims: resource_claims(pod),
             unhealthy: unhealthy_device(pod, policy),
             marked: is_marked(pod),
         }
     }
 
-    /// Whether the controller has anything to judge: the pod uses a device resource, or the
-    /// kubelet reports one of its devices unhealthy (a DRA-only pod requests no device
-    /// resource). Other pods are not cached.
+    /// Whether the controller has anything to judge: the pod uses a device resource, holds a
+    /// ResourceClaim (which driver allocated it is known only at judging time), or the kubelet
+    /// reports one of its devices unhealthy. Other pods are not cached.
     pub fn is_device_pod(&self) -> bool {
-        !self.devices.is_empty() || self.unhealthy.is_some()
+        !self.devices.is_empty() || !self.claims.is_empty() || self.unhealthy.is_some()
+    }
+
+    /// These facts with `dra/<driver>` added to [`PodFacts::devices`] for each of `drivers`
+    /// (the drivers that allocated the pod's claims) that is one of the policy's
+    /// `devices.drivers`: the name the node's DRA devices are judged under, so a pod on a node
+    /// degraded for `dra/gpu.nvidia.com` is hit like a device-plugin pod on a node degraded
+    /// for `nvidia.com/gpu`. `None`: nothing to add.
+    pub fn with_claim_drivers<'a>(
+        &self,
+        drivers: impl IntoIterator<Item = &'a str>,
+        policy: &Policy,
+    ) -> Option<PodFacts> {
+        let added: BTreeSet<String> = drivers
+            .into_iter()
+            .filter(|driver| policy.devices.drivers.iter().any(|known| known == driver))
+            .map(dra_resource)
+            .filter(|resource| !self.devices.contains(resource))
+            .collect();
+        if added.is_empty() {
+            return None;
+        }
+        let mut facts = self.clone();
+        facts.devices.extend(added);
+        Some(facts)
     }
 
     /// `namespace/name`.
@@ -301,6 +330,43 @@ pub fn is_marked(pod: &Pod) -> bool {
         })
 }
 
+/// The name node health gives the devices of a DRA driver (`dra/<driver>`).
+pub fn dra_resource(driver: &str) -> String {
+    format!("dra/{driver}")
+}
+
+/// The ResourceClaims, in the pod's namespace, its DRA devices come through, sorted: each
+/// `spec.resourceClaims[].resourceClaimName` (a claim named directly), each
+/// `status.resourceClaimStatuses[].resourceClaimName` (a claim generated from a
+/// ResourceClaimTemplate), and `status.extendedResourceClaimStatus.resourceClaimName` (the claim
+/// the scheduler makes when it allocates an extended resource such as `nvidia.com/gpu` through
+/// a DeviceClass's `extendedResourceName`: KEP-5004, beta and on by default in Kubernetes 1.36).
+/// A pod is bound to a node only once its claims are allocated, so the pods the controller
+/// watches (bound ones) name them all.
+pub fn resource_claims(pod: &Pod) -> Vec<String> {
+    let direct = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.resource_claims.iter().flatten())
+        .filter_map(|claim| claim.resource_claim_name.clone());
+    let status = pod.status.as_ref();
+    let generated = status
+        .into_iter()
+        .flat_map(|status| status.resource_claim_statuses.iter().flatten())
+        .filter_map(|claim| claim.resource_claim_name.clone());
+    let extended = status
+        .and_then(|status| status.extended_resource_claim_status.as_ref())
+        .map(|extended| extended.resource_claim_name.clone());
+    let mut claims: Vec<String> = direct
+        .chain(generated)
+        .chain(extended)
+        .filter(|name| !name.is_empty())
+        .collect();
+    claims.sort();
+    claims.dedup();
+    claims
+}
+
 /// The device resources the pod's containers and init containers request or limit, by name.
 pub fn device_resources(pod: &Pod, policy: &Policy) -> BTreeSet<String> {
     let Some(spec) = &pod.spec else {
@@ -378,9 +444,19 @@ pub fn device_failure_condition(cause: &Cause, now: Timestamp) -> PodCondition {
 }
 
 /// The strategic merge patch of `pods/{name}/status` that adds the condition (the API merges
-/// `status.conditions` by `type`, so the pod's other conditions stay).
-pub fn condition_patch(cause: &Cause, now: Timestamp) -> Value {
-    json!({"status": {"conditions": [device_failure_condition(cause, now)]}})
+/// `status.conditions` by `type`, so the pod's other conditions stay), for the pod whose uid is
+/// `uid`. The uid makes the patch apply to that pod only, as the kubelet's status patches do
+/// (kubernetes `pkg/util/pod/pod.go`, `preparePatchBytesForPodStatus`: "only put the uid in the
+/// new object to ensure it appears in the patch as a precondition"; PR #86320): `metadata.uid`
+/// cannot change, so the API server refuses the patch of a pod recreated under the same name
+/// since it was cached (422 Invalid, `metadata.uid: field is immutable`, from the object meta
+/// update validation). An empty uid (never, from the API server) adds no precondition.
+pub fn condition_patch(uid: &str, cause: &Cause, now: Timestamp) -> Value {
+    let mut patch = json!({"status": {"conditions": [device_failure_condition(cause, now)]}});
+    if !uid.is_empty() {
+        patch["metadata"] = json!({"uid": uid});
+    }
+    patch
 }
 
 #[cfg(test)]

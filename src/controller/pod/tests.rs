@@ -336,8 +336,8 @@ fn init_containers_count_as_device_users() {
 fn the_condition_patch() {
     let now = Timestamp::from_second(1_800_000_000).unwrap();
     assert_eq!(
-        condition_patch(&unhealthy(&["GPU-b", "GPU-c"]), now),
-        json!({"status": {"conditions": [{
+        condition_patch("uid-1", &unhealthy(&["GPU-b", "GPU-c"]), now),
+        json!({"metadata": {"uid": "uid-1"}, "status": {"conditions": [{
             "type": "gpu-guard.io/DeviceFailure",
             "status": "True",
             "reason": "UnhealthyDevice",

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
-use super::pods::PodCache;
+use super::pods::{ClaimDrivers, PodCache};
 use crate::controller::pod::PodFacts;
 use crate::policy::Policy;
 
@@ -33,6 +33,10 @@ pub struct Caches {
     pub namespaces: OptedIn,
     /// DRA ResourceSlices bound to a node (`resource.k8s.io/v1`; empty where not served).
     pub slices: Store<ResourceSlice>,
+    /// The drivers of the allocated ResourceClaims, for the pods that hold them (`resource.k8s.io/v1`;
+    /// empty where not served). Its changes start no pass: a pod is bound, and its watch event
+    /// comes, after its claims are allocated.
+    pub claims: ClaimDrivers,
     /// Notified on every Node, Namespace and ResourceSlice watch event, so a pass can follow a
     /// change at once.
     pub changed: Arc<Notify>,
@@ -43,6 +47,7 @@ pub struct Caches {
         Reflected<ResourceSlice>,
     ),
     tasks: Vec<AbortHandle>,
+    claims_reflected: Reflected<k8s_openapi::api::resource::v1::ResourceClaim>,
 }
 
 /// The opted-in namespaces (label `gpu-guard.io/enabled: "true"`), from their cache.
@@ -118,7 +123,21 @@ impl Caches {
             },
             &mut tasks,
         );
+        let claims = Reflected::start(
+            Watch {
+                cache: "controller cache",
+                resource: "resourceclaims",
+                api: Api::all(client.clone()),
+                config: watcher::Config::default(),
+                slim: super::pods::slim_claim,
+                changed: None,
+                optional: true,
+            },
+            &mut tasks,
+        );
         Caches {
+            claims: ClaimDrivers(claims.store().clone()),
+            claims_reflected: claims,
             nodes: nodes.store().clone(),
             pods,
             namespaces: OptedIn(namespaces.store().clone()),
@@ -134,8 +153,8 @@ impl Caches {
         self.reflected.1.ready()
     }
 
-    /// Waits until the four caches have listed (the ResourceSlices: or are not served), at most
-    /// `timeout`.
+    /// Waits until the caches have listed (the ResourceSlices and ResourceClaims: or are not
+    /// served), at most `timeout`.
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
         // Not `Store::wait_until_ready`: kube's store wakes only the last of several tasks
         // waiting on it, and the reflector's own readiness task waits on it already (a second
@@ -147,6 +166,7 @@ impl Caches {
                 && pods.wait_synced().await
                 && namespaces.wait_synced().await
                 && slices.wait_synced().await
+                && self.claims_reflected.wait_synced().await
         };
         tokio::time::timeout(timeout, all).await.unwrap_or(false)
     }

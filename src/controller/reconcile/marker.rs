@@ -9,17 +9,26 @@
 //! controller, which batches pod events for about a second, may count the failure before the
 //! condition lands. The device-error exit codes of the podFailurePolicy are the reliable signal;
 //! the condition is the second one (docs/controller.md, "When the mark arrives").
+//!
+//! Several pods are often hit at once: NVIDIA's device plugin marks every device of a node
+//! unhealthy together on some errors (NVIDIA/k8s-device-plugin v0.20.0 `internal/rm/health.go`:
+//! a failed wait for NVML events, or an Xid whose device UUID cannot be read). So the event path marks up to [`MARK_CONCURRENCY`] pods at a
+//! time, and a mark never waits for its Event: the `DeviceFailureMarked` Event goes to a
+//! bounded queue ([`EVENT_QUEUE_CAPACITY`]) that a task of its own publishes; an Event that
+//! finds the queue full is dropped and counted (`gpu_guard_controller_events_dropped_total`),
+//! never waited for.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Api, Client};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
 
 use super::WriteError;
 use super::caches::OptedIn;
@@ -35,14 +44,24 @@ use crate::wellknown::DEVICE_FAILURE_CONDITION;
 /// marks behind it (the next pass retries a mark that timed out).
 pub const MARK_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How many pods the event path marks at once: the GPUs of a common node (8), so a node whose
+/// every device failed together is marked in the time of one patch, while a burst across many
+/// nodes cannot open hundreds of requests to the API server at once.
+pub const MARK_CONCURRENCY: usize = 8;
+
+/// How many `DeviceFailureMarked` Events may wait to be published; past that an Event is
+/// dropped and counted, and the mark it reports is made all the same.
+pub const EVENT_QUEUE_CAPACITY: usize = 256;
+
 /// Adds the condition; remembers, for the current term of leadership, which pods it marked.
 pub struct Marker {
     client: Client,
-    recorder: Recorder,
     dry_run: bool,
     metrics: Arc<ControllerMetrics>,
-    /// `None` (never set): act without an election.
-    leadership: OnceLock<Leadership>,
+    /// `None` (never set): act without an election. Shared with the Event task.
+    leadership: Arc<OnceLock<Leadership>>,
+    /// The `DeviceFailureMarked` Events, published off the mark path.
+    events: EventQueue,
     /// The pods (by uid) marked, or being marked, this term: the cache may lag behind our own
     /// change.
     claimed: Mutex<HashSet<String>>,
@@ -59,12 +78,13 @@ impl Marker {
         let mut config = crate::controller::write_config(config);
         config.read_timeout = Some(MARK_TIMEOUT);
         config.write_timeout = Some(MARK_TIMEOUT);
+        let leadership = Arc::new(OnceLock::new());
         Ok(Self {
             client: Client::try_from(config)?,
-            recorder,
             dry_run,
+            events: EventQueue::new(EVENT_QUEUE_CAPACITY, recorder, leadership.clone()),
             metrics,
-            leadership: OnceLock::new(),
+            leadership,
             claimed: Mutex::new(HashSet::new()),
         })
     }
@@ -76,7 +96,7 @@ impl Marker {
 
     /// Whether this replica may write now.
     pub fn leading(&self) -> bool {
-        self.leadership.get().is_none_or(Leadership::leads)
+        leading(&self.leadership)
     }
 
     /// Forgets which pods were marked (a new term: another replica may have acted).
@@ -90,8 +110,9 @@ impl Marker {
     }
 
     /// Adds the condition to the pod's status (a strategic merge patch: the API server merges
-    /// conditions by type) and reports it in an Event. `Ok(false)`: marked already this term
-    /// (or being marked by the other path).
+    /// conditions by type) and queues an Event reporting it (published later, by a task of its
+    /// own: the mark does not wait for it). `Ok(false)`: marked already this term (or being
+    /// marked by the other path).
     pub async fn mark(
         &self,
         pod: &PodFacts,
@@ -108,7 +129,16 @@ impl Marker {
         if written.is_err() {
             self.claimed().remove(&pod.uid);
         }
-        written?;
+        match written {
+            Err(WriteError::Api(error)) if replaced(&error) => {
+                // The cache lags: the pod it knows is gone, and another took its name. The
+                // new pod is judged on its own, from its own watch event.
+                tracing::info!(pod = %pod.id(), uid = %pod.uid,
+                    "not marked: the pod was replaced by another of the same name ({error})");
+                return Ok(false);
+            }
+            written => written?,
+        }
         self.metrics.pods_marked.inc();
         let note = cause.message();
         let id = pod.id();
@@ -121,17 +151,13 @@ impl Marker {
                 "added the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
             ""
         };
-        if self.leading() {
-            publish(
-                &self.recorder,
-                &pod.object_ref(),
-                EventType::Warning,
-                REASON_MARKED,
-                "Mark",
-                format!("{prefix}{note}"),
-            )
-            .await;
-        }
+        self.events.send(
+            PendingEvent {
+                regarding: pod.object_ref(),
+                note: format!("{prefix}{note}"),
+            },
+            &self.metrics,
+        );
         Ok(true)
     }
 
@@ -146,7 +172,7 @@ impl Marker {
         api.patch_status(
             &pod.name,
             &params,
-            &Patch::Strategic(pod::condition_patch(cause, now)),
+            &Patch::Strategic(pod::condition_patch(&pod.uid, cause, now)),
         )
         .await?;
         Ok(())
@@ -157,10 +183,117 @@ impl Marker {
     }
 }
 
+/// Whether the API server refused a write for a pod's uid: the pod was deleted and another
+/// created under its name since the cache saw it. A status patch whose `metadata.uid` differs
+/// is invalid (422, the field `metadata.uid` is immutable: k8s.io/apimachinery
+/// `ValidateObjectMetaUpdate`); an eviction whose `deleteOptions.preconditions.uid` differs is a
+/// conflict (409: "the UID in the precondition ... does not match the UID in record", k8s.io/apiserver
+/// `pkg/registry/rest/delete.go` `BeforeDelete`).
+pub(super) fn replaced(error: &kube::Error) -> bool {
+    let kube::Error::Api(status) = error else {
+        return false;
+    };
+    let names_uid = status.message.contains("metadata.uid")
+        || status
+            .details
+            .iter()
+            .flat_map(|details| &details.causes)
+            .any(|cause| cause.field == "metadata.uid");
+    match status.code {
+        422 => names_uid,
+        409 => {
+            status.message.contains("UID in precondition")
+                || status.message.contains("UID in record")
+        }
+        _ => false,
+    }
+}
+
+/// Whether a replica under `leadership` (unset: no election) may write now.
+fn leading(leadership: &OnceLock<Leadership>) -> bool {
+    leadership.get().is_none_or(Leadership::leads)
+}
+
+/// An Event waiting to be published.
+#[derive(Debug)]
+struct PendingEvent {
+    regarding: ObjectReference,
+    note: String,
+}
+
+/// The `DeviceFailureMarked` Events on their way out: a bounded queue, and the task that
+/// publishes them one after the other, started with the first Event (it needs the runtime the
+/// marks run on). The task ends when the queue's [`Marker`] is dropped, once it has published
+/// what was queued.
+struct EventQueue {
+    sender: mpsc::Sender<PendingEvent>,
+    /// What the task takes when it starts.
+    idle: Mutex<Option<(mpsc::Receiver<PendingEvent>, Recorder)>>,
+    leadership: Arc<OnceLock<Leadership>>,
+}
+
+impl EventQueue {
+    fn new(capacity: usize, recorder: Recorder, leadership: Arc<OnceLock<Leadership>>) -> Self {
+        let (sender, receiver) = mpsc::channel(capacity);
+        Self {
+            sender,
+            idle: Mutex::new(Some((receiver, recorder))),
+            leadership,
+        }
+    }
+
+    /// Queues `event` without waiting; a full queue drops it and counts it.
+    fn send(&self, event: PendingEvent, metrics: &ControllerMetrics) {
+        self.start();
+        if let Err(refused) = self.sender.try_send(event) {
+            metrics.events_dropped.inc();
+            let regarding = match &refused {
+                mpsc::error::TrySendError::Full(event)
+                | mpsc::error::TrySendError::Closed(event) => event.regarding.name.clone(),
+            };
+            tracing::warn!(
+                pod = regarding.as_deref().unwrap_or_default(),
+                "the Event queue is full: the {REASON_MARKED} Event is dropped (the pod is marked)"
+            );
+        }
+    }
+
+    /// Starts the publishing task, once.
+    fn start(&self) {
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some((mut receiver, recorder)) = idle else {
+            return;
+        };
+        let leadership = self.leadership.clone();
+        tokio::spawn(async move {
+            while let Some(event) = receiver.recv().await {
+                // Not once leadership has run out: the new leader reports from now on.
+                if !leading(&leadership) {
+                    continue;
+                }
+                publish(
+                    &recorder,
+                    &event.regarding,
+                    EventType::Warning,
+                    REASON_MARKED,
+                    "Mark",
+                    event.note,
+                )
+                .await;
+            }
+        });
+    }
+}
+
 /// The event path: marks each pod the pod cache sends (a device reported unhealthy, not marked
-/// yet) as it comes, once the opted-in namespaces are known. A pod that is gone, no longer
-/// needs the mark, or is not in an opted-in namespace is skipped; a failed mark is logged and
-/// left to the next pass. Runs until the sender is dropped.
+/// yet) as it comes, once the opted-in namespaces are known, up to [`MARK_CONCURRENCY`] at a
+/// time. A pod that is gone, no longer needs the mark, or is not in an opted-in namespace is
+/// skipped; a failed mark is logged and left to the next pass. Runs until the sender is
+/// dropped, then waits for the marks under way.
 pub async fn mark_from_events(
     marker: Arc<Marker>,
     mut urgent: mpsc::UnboundedReceiver<Arc<PodFacts>>,
@@ -172,11 +305,18 @@ pub async fn mark_from_events(
     if namespaces_synced.wait_for(|synced| *synced).await.is_err() {
         return;
     }
+    let slots = Arc::new(Semaphore::new(MARK_CONCURRENCY));
+    let mut marking = JoinSet::new();
     while let Some(sent) = urgent.recv().await {
+        while marking.try_join_next().is_some() {}
         if !marker.leading() || !opted_in.contains(&sent.namespace) {
             continue;
         }
-        // The latest facts: the pod may have changed or gone since it was sent.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        // The latest facts: the pod may have changed or gone since it was sent (or while this
+        // waited for a slot).
         let Some(current) = pods.get(&sent.namespace, &sent.name) else {
             continue;
         };
@@ -186,13 +326,63 @@ pub async fn mark_from_events(
         let Some(cause) = current.unhealthy.clone() else {
             continue;
         };
-        match marker.mark(&current, &cause, Timestamp::now()).await {
-            Ok(_) | Err(WriteError::NotLeading) => {}
-            Err(WriteError::Api(error)) => {
-                marker.metrics.reconcile_errors.inc();
-                tracing::warn!(pod = %current.id(), %error,
-                    "cannot mark the pod; retrying on the next pass");
+        let marker = marker.clone();
+        marking.spawn(async move {
+            // Leadership is checked again by the mark itself, right before its patch.
+            match marker.mark(&current, &cause, Timestamp::now()).await {
+                Ok(_) | Err(WriteError::NotLeading) => {}
+                Err(WriteError::Api(error)) => {
+                    marker.metrics.reconcile_errors.inc();
+                    tracing::warn!(pod = %current.id(), %error,
+                        "cannot mark the pod; retrying on the next pass");
+                }
             }
+            drop(slot);
+        });
+    }
+    while marking.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str) -> PendingEvent {
+        PendingEvent {
+            regarding: ObjectReference {
+                name: Some(name.to_owned()),
+                ..ObjectReference::default()
+            },
+            note: "marked".to_owned(),
         }
+    }
+
+    /// A full queue drops the Event and counts it, without waiting: the mark that queued it is
+    /// not held up by a slow Event endpoint.
+    #[tokio::test]
+    async fn a_full_event_queue_drops_and_counts_instead_of_waiting() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // Nothing listens there: the task, once it runs, fails to publish and goes on.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = Client::try_from(config).expect("a client");
+        let recorder = Recorder::new(
+            client,
+            kube::runtime::events::Reporter {
+                controller: "test".to_owned(),
+                instance: None,
+            },
+        );
+        let metrics = ControllerMetrics::default();
+        let queue = EventQueue::new(2, recorder, Arc::new(OnceLock::new()));
+        // The publishing task has not run yet (this test's runtime has one thread and has not
+        // yielded): the third Event finds the queue full.
+        for name in ["a", "b", "c"] {
+            queue.send(event(name), &metrics);
+        }
+        assert_eq!(metrics.events_dropped.get(), 1);
+        assert!(
+            queue.idle.lock().expect("lock").is_none(),
+            "the task started"
+        );
     }
 }

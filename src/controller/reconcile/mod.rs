@@ -12,8 +12,8 @@
 //! This module owns the [`Reconciler`] (what it remembers between passes, the leadership check
 //! before every write, what a new term of leadership keeps), the [`PassReport`], the order of a
 //! pass, and what becomes of a failed write ([`WriteError`]). The parts:
-//! - [`caches`], [`pods`]: the Node, opted-in Namespace and ResourceSlice reflectors, and the
-//!   device pods' facts;
+//! - [`caches`], [`pods`]: the Node, opted-in Namespace, ResourceSlice and ResourceClaim
+//!   reflectors, and the device pods' facts;
 //! - `node_pass`, `pod_pass`: the two halves of a pass and their writes;
 //! - [`marker`]: the pod condition, from passes and from watch events;
 //! - [`throttle`]: the eviction token bucket and the per-pod eviction backoff;
@@ -315,7 +315,7 @@ impl Reconciler {
         }
         self.node_states = node_states;
         report.stopped = self
-            .pods_pass(pods, &opted_in, now, &mut report)
+            .pods_pass(pods, &caches.claims, &opted_in, now, &mut report)
             .await
             .is_err();
         self.opted_in = opted_in;
@@ -332,7 +332,7 @@ impl Reconciler {
         }
         let opted_in = caches.namespaces.names();
         report.stopped = self
-            .pods_pass(pods, &opted_in, now, &mut report)
+            .pods_pass(pods, &caches.claims, &opted_in, now, &mut report)
             .await
             .is_err();
         report

@@ -8,24 +8,27 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::events::EventType;
 
 use super::events::REASON_EVICTED;
+use super::pods::ClaimDrivers;
 use super::throttle::Backoff;
 use super::{PassReport, Reconciler, Stop, Write, WriteError};
 use crate::controller::pod::{Action, Cause, PodFacts, verdict};
 
 impl Reconciler {
     /// Judges and acts on `pods` (device pods' facts, sorted) of the `opted_in` namespaces, at
-    /// `now`, against the node states of the last node pass. `Err(Stop)` when leadership ran
-    /// out.
+    /// `now`, against the node states of the last node pass; a pod's ResourceClaims count as
+    /// the devices of the drivers that allocated them (`claims`). `Err(Stop)` when leadership
+    /// ran out.
     pub(super) async fn pods_pass(
         &mut self,
         pods: Vec<Arc<PodFacts>>,
+        claims: &ClaimDrivers,
         opted_in: &HashSet<String>,
         now: Timestamp,
         report: &mut PassReport,
@@ -34,6 +37,7 @@ impl Reconciler {
             if !opted_in.contains(&pod.namespace) {
                 continue;
             }
+            let pod = claims.resolve(pod, &self.policy);
             let node_state = pod
                 .node
                 .as_ref()
@@ -87,6 +91,7 @@ impl Reconciler {
                     // other pods, and this one waits, longer after each refusal, so that one
                     // stuck pod cannot spend the budget of every pass.
                     Some(Evicted::BudgetRefused) | None => self.refuse(uid, id, now, report),
+                    Some(Evicted::Replaced) => self.bucket.refund(),
                     Some(Evicted::Throttled) => {
                         // The API server is busy, not the budget: the token goes back and
                         // the pod is tried again on the next pass, with no backoff of its own.
@@ -126,13 +131,22 @@ impl Reconciler {
         let id = pod.id();
         let note = {
             let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
+            // Only the pod the cache knows: one recreated under its name since is refused (409,
+            // the UID precondition; kubernetes v1.36 `pkg/registry/core/pod/storage/eviction.go`
+            // checks it before deleting).
             let eviction = Eviction {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
                     namespace: Some(namespace.clone()),
                     ..ObjectMeta::default()
                 },
-                delete_options: None,
+                delete_options: (!pod.uid.is_empty()).then(|| DeleteOptions {
+                    preconditions: Some(Preconditions {
+                        uid: Some(pod.uid.clone()),
+                        ..Preconditions::default()
+                    }),
+                    ..DeleteOptions::default()
+                }),
             };
             // In a dry run too, with dryRun=All: the API server checks the
             // PodDisruptionBudgets and deletes nothing.
@@ -174,6 +188,11 @@ impl Reconciler {
                     }
                     return Ok(refusal);
                 }
+                Err(error) if super::marker::replaced(&error) => {
+                    tracing::info!(pod = %id, uid = %pod.uid,
+                        "not evicted: the pod was replaced by another of the same name ({error})");
+                    return Ok(Evicted::Replaced);
+                }
                 // Forbidden (a budget whose disruptionsAllowed is below zero answers 403, and
                 // so does a denying admission webhook), a server error: the pod backs off.
                 Err(kube::Error::Api(status)) => {
@@ -210,6 +229,9 @@ enum Evicted {
     /// A PodDisruptionBudget refused it (429 with a `DisruptionBudget` cause): the pod backs
     /// off on its own.
     BudgetRefused,
+    /// The pod the cache knows is gone: another was created under its name (the UID
+    /// precondition failed). Nothing to do for it; the new pod is judged on its own.
+    Replaced,
     /// The API server throttled the request (a 429 without that cause: API Priority and
     /// Fairness, max-in-flight): tried again on the next pass.
     Throttled,

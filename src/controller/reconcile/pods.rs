@@ -19,6 +19,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::{Notify, mpsc};
@@ -166,6 +172,86 @@ impl PodCache {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The allocated ResourceClaims (`resource.k8s.io/v1`), reduced to the drivers that allocated
+/// their devices: what a pod's claims are judged by ([`PodFacts::with_claim_drivers`]). Empty
+/// where the API is not served.
+#[derive(Clone)]
+pub struct ClaimDrivers(pub Store<ResourceClaim>);
+
+impl ClaimDrivers {
+    /// The drivers of the devices allocated for claim `namespace/name`
+    /// (`status.allocation.devices.results[].driver`; none while it is not allocated, or not
+    /// cached yet), without admin-access results: those let a monitoring pod watch devices
+    /// others use, they are not its own.
+    pub fn of(&self, namespace: &str, name: &str) -> Vec<String> {
+        let Some(claim) = self.0.get(&ObjectRef::new(name).within(namespace)) else {
+            return Vec::new();
+        };
+        allocation_results(&claim)
+            .filter(|result| result.admin_access != Some(true))
+            .map(|result| result.driver.clone())
+            .collect()
+    }
+
+    /// The pod's facts with the drivers of its claims added ([`PodFacts::with_claim_drivers`]),
+    /// or the facts as they are.
+    pub fn resolve(&self, pod: Arc<PodFacts>, policy: &Policy) -> Arc<PodFacts> {
+        if pod.claims.is_empty() {
+            return pod;
+        }
+        let drivers: Vec<String> = pod
+            .claims
+            .iter()
+            .flat_map(|claim| self.of(&pod.namespace, claim))
+            .collect();
+        pod.with_claim_drivers(drivers.iter().map(String::as_str), policy)
+            .map_or(pod, Arc::new)
+    }
+}
+
+fn allocation_results(
+    claim: &ResourceClaim,
+) -> impl Iterator<Item = &DeviceRequestAllocationResult> {
+    claim
+        .status
+        .iter()
+        .filter_map(|status| status.allocation.as_ref())
+        .filter_map(|allocation| allocation.devices.as_ref())
+        .flat_map(|devices| devices.results.iter().flatten())
+}
+
+/// Keeps what [`ClaimDrivers`] reads of a ResourceClaim: its name and namespace, and each
+/// allocation result's driver and admin access (not the spec, the pool, the device, their
+/// configuration or status).
+pub fn slim_claim(claim: &mut ResourceClaim) {
+    let full = std::mem::take(claim);
+    let results: Vec<DeviceRequestAllocationResult> = allocation_results(&full)
+        .map(|result| DeviceRequestAllocationResult {
+            driver: result.driver.clone(),
+            admin_access: result.admin_access,
+            ..DeviceRequestAllocationResult::default()
+        })
+        .collect();
+    *claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: full.metadata.name,
+            namespace: full.metadata.namespace,
+            ..ObjectMeta::default()
+        },
+        status: (!results.is_empty()).then(|| ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    ..DeviceAllocationResult::default()
+                }),
+                ..AllocationResult::default()
+            }),
+            ..ResourceClaimStatus::default()
+        }),
+        ..ResourceClaim::default()
+    };
 }
 
 pub(crate) fn sort(pods: &mut [Arc<PodFacts>]) {
@@ -328,6 +414,7 @@ mod watched {
         #[serde(default)]
         containers: Vec<Container>,
         init_containers: Option<Vec<Container>>,
+        resource_claims: Option<Vec<core::PodResourceClaim>>,
     }
 
     #[derive(Deserialize)]
@@ -344,6 +431,8 @@ mod watched {
         conditions: Option<Vec<core::PodCondition>>,
         container_statuses: Option<Vec<ContainerStatus>>,
         init_container_statuses: Option<Vec<ContainerStatus>>,
+        resource_claim_statuses: Option<Vec<core::PodResourceClaimStatus>>,
+        extended_resource_claim_status: Option<core::PodExtendedResourceClaimStatus>,
     }
 
     #[derive(Deserialize)]
@@ -401,6 +490,7 @@ mod watched {
                     tolerations: spec.tolerations,
                     containers: containers(spec.containers),
                     init_containers: spec.init_containers.map(containers),
+                    resource_claims: spec.resource_claims,
                     ..core::PodSpec::default()
                 }),
                 status: pod.status.map(|status| core::PodStatus {
@@ -408,6 +498,8 @@ mod watched {
                     conditions: status.conditions,
                     container_statuses: status.container_statuses.map(statuses),
                     init_container_statuses: status.init_container_statuses.map(statuses),
+                    resource_claim_statuses: status.resource_claim_statuses,
+                    extended_resource_claim_status: status.extended_resource_claim_status,
                     ..core::PodStatus::default()
                 }),
             }
@@ -504,6 +596,19 @@ mod tests {
             {"name": "claim:gpus", "resources": [
                 {"resourceID": "k8s.gpu.nvidia.com/device=gpu-3", "health": "Unhealthy"}]}]);
         variations.push(claim);
+        // DRA claims: named directly, generated from a template, made by the scheduler for an
+        // extended resource backed by DRA.
+        let mut dra = realistic_pod();
+        dra["spec"]["resourceClaims"] = json!([
+            {"name": "shared", "resourceClaimName": "team-gpus"},
+            {"name": "gpus", "resourceClaimTemplateName": "gpu-template"}]);
+        dra["status"]["resourceClaimStatuses"] =
+            json!([{"name": "gpus", "resourceClaimName": "train-worker-3-gpus-x7k2p"}]);
+        dra["status"]["extendedResourceClaimStatus"] = json!({
+            "resourceClaimName": "train-worker-3-extended-resources-9qz4m",
+            "requestMappings": [{"containerName": "trainer", "resourceName": "nvidia.com/gpu",
+                                 "requestName": "container-0-request-0"}]});
+        variations.push(dra.clone());
         let mut bare = realistic_pod();
         bare["metadata"]
             .as_object_mut()
@@ -537,6 +642,15 @@ mod tests {
         assert!(facts.is_device_pod() && facts.marked && facts.unhealthy.is_some());
         assert!(!facts.recreated_elsewhere, "a mirror pod");
         assert_eq!(facts.node.as_deref(), Some("gpu-7"));
+        let pod: WatchedPod = serde_json::from_value(dra).expect("a watched Pod");
+        assert_eq!(
+            PodFacts::of(&pod.0, &policy).claims,
+            [
+                "team-gpus",
+                "train-worker-3-extended-resources-9qz4m",
+                "train-worker-3-gpus-x7k2p"
+            ]
+        );
     }
 
     #[test]

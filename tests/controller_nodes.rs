@@ -4,12 +4,16 @@
 
 mod support;
 
-use gpu_guard::controller::reconcile::PassReport;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_guard::controller::metrics::ControllerMetrics;
+use gpu_guard::controller::reconcile::{PassReport, Reconciler};
 use gpu_guard::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
 use hyper::Method;
 use serde_json::{Value, json};
 use support::controller::{
-    TAINT_TIME, World, gpu_node, has_our_taint, pod_world, policy, push_taint,
+    TAINT_TIME, World, at, gpu_node, has_our_taint, pod_world, policy, push_taint,
 };
 use support::fake_api::{Logged, NODES, PODS, RESOURCE_SLICES};
 
@@ -516,4 +520,126 @@ async fn a_node_whose_dra_driver_taints_a_gpu_is_tainted() {
         writes[0].body["spec"]["taints"][0],
         json!({"key": DEGRADED_TAINT_KEY, "value": "dra_gpu.nvidia.com", "effect": "NoSchedule"})
     );
+}
+
+/// 20 GPU nodes, `maxTaintedPercent: 10` (at most 2 tainted), and the nodes `degraded`
+/// (numbers) with 5 of 8 GPUs allocatable.
+fn fleet(degraded: &[u32]) -> Vec<(&'static str, Value)> {
+    (1..=20)
+        .map(|i| {
+            let allocatable = if degraded.contains(&i) { 5 } else { 8 };
+            (NODES, gpu_node(&format!("gpu-{i:02}"), 8, allocatable))
+        })
+        .collect()
+}
+
+fn tainted_in_fake(world: &World) -> Vec<String> {
+    (1..=20)
+        .map(|i| format!("gpu-{i:02}"))
+        .filter(|name| has_our_taint(&world.fake.object(NODES, name)))
+        .collect()
+}
+
+/// The watch lags the controller's own writes (events arrive a second late): the pass after a
+/// wave of taints must count them although the cache does not show them yet.
+#[tokio::test]
+async fn the_safety_valve_holds_while_the_watch_lags_the_controllers_own_taints() {
+    let mut world = World::start(policy(|_| {}), fleet(&[16, 17, 18, 19, 20])).await;
+    world.pass(0).await;
+    world.fake.lock().watch_delay = Some(Duration::from_millis(1500));
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-16", "gpu-17"]);
+    assert_eq!(report.valve_held, ["gpu-18", "gpu-19", "gpu-20"]);
+    // At once, and again a little later: the cache still shows none of the two taints.
+    for seconds in [121, 122] {
+        assert!(
+            !world.caches.nodes.state().iter().any(|node| node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|taints| taints.iter().any(|t| t.key == DEGRADED_TAINT_KEY))),
+            "the watch was meant to lag"
+        );
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "{report:?}");
+        assert_eq!(report.valve_held, ["gpu-18", "gpu-19", "gpu-20"]);
+        assert!(report.errors.is_empty(), "{report:?}");
+        assert_eq!(world.metrics.tainted_nodes.get(), 2);
+    }
+    assert_eq!(tainted_in_fake(&world), ["gpu-16", "gpu-17"]);
+    // One patch per tainted node: nothing was sent on a stale resourceVersion.
+    assert_eq!(world.fake.writes().len(), 2, "{:?}", world.fake.writes());
+    world.node_cached("gpu-17", has_our_taint).await;
+    let report = world.pass(200).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    assert_eq!(tainted_in_fake(&world), ["gpu-16", "gpu-17"]);
+    assert_eq!(world.metrics.tainted_nodes.get(), 2);
+}
+
+/// A change of leader in a wave: replica A taints 2 nodes, then replica B takes over while its
+/// cache shows none of them yet, and would taint three nodes of its own before meeting A's.
+#[tokio::test]
+async fn a_new_leader_counts_the_taints_of_the_previous_one_its_cache_has_not_seen() {
+    let mut world = World::start(policy(|_| {}), fleet(&[19, 20])).await;
+    let mut b = Reconciler::new(
+        world.fake.config(),
+        policy(|_| {}),
+        Some("test-2".to_owned()),
+        Arc::new(ControllerMetrics::default()),
+    )
+    .expect("reconciler");
+    world.pass(0).await;
+    b.observe(&world.caches, at(0));
+    // gpu-16..18 degrade 10 s later; both replicas watch.
+    let degrade: Vec<Value> = (16..=18)
+        .map(|i| {
+            let mut node = world.fake.object(NODES, &format!("gpu-{i}"));
+            node["status"]["allocatable"]["nvidia.com/gpu"] = json!("5");
+            node
+        })
+        .collect();
+    for node in degrade {
+        world.fake.put(NODES, node);
+    }
+    world
+        .node_cached("gpu-18", |node| {
+            node["status"]["allocatable"]["nvidia.com/gpu"] == "5"
+        })
+        .await;
+    world.pass(10).await;
+    b.observe(&world.caches, at(10));
+
+    world.fake.lock().watch_delay = Some(Duration::from_millis(1500));
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-19", "gpu-20"]);
+
+    // B leads now (A is gone), its cache a second behind A's writes.
+    b.new_term(at(130));
+    let report = b.pass(&world.caches, at(130)).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    assert_eq!(report.valve_held, ["gpu-16", "gpu-17", "gpu-18"]);
+    assert_eq!(tainted_in_fake(&world), ["gpu-19", "gpu-20"]);
+}
+
+/// A conflict whose re-read shows gpu-guard's own taint (another replica's): the node counts
+/// as tainted for the safety valve.
+#[tokio::test]
+async fn a_reread_that_finds_gpu_guards_taint_counts_for_the_safety_valve() {
+    let mut world = World::start(policy(|_| {}), fleet(&[18, 19, 20])).await;
+    world.pass(0).await;
+    world.fake.conflict_once(|node| {
+        push_taint(
+            node,
+            json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"}),
+        );
+        node["metadata"]["annotations"] = json!({
+            DEGRADED_OWNER_ANNOTATION: format!("{TAINT_TIME};nvidia.com_gpu:NoSchedule")
+        });
+    });
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-19"]);
+    assert_eq!(report.valve_held, ["gpu-20"]);
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(tainted_in_fake(&world), ["gpu-18", "gpu-19"]);
+    assert_eq!(world.metrics.tainted_nodes.get(), 2);
 }

@@ -225,7 +225,7 @@ fn slim_slice(slice: &mut ResourceSlice) {
 /// Keeps what node decisions read and node patches need: name, uid, resourceVersion (the
 /// patches' precondition), gpu-guard's owner annotation (no other: nodes carry kilobytes of
 /// them), taints, capacity and allocatable (the device counts).
-fn keep_node_taints_devices_and_owner(node: &mut Node) {
+pub(super) fn keep_node_taints_devices_and_owner(node: &mut Node) {
     let full = std::mem::take(node);
     *node = Node {
         metadata: ObjectMeta {

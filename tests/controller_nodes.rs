@@ -643,3 +643,63 @@ async fn a_reread_that_finds_gpu_guards_taint_counts_for_the_safety_valve() {
     assert_eq!(tainted_in_fake(&world), ["gpu-18", "gpu-19"]);
     assert_eq!(world.metrics.tainted_nodes.get(), 2);
 }
+
+/// Someone removes gpu-guard's taint by hand (on gpu-1 the taint alone, as `kubectl taint
+/// node gpu-1 gpu-guard.io/device-degraded-` does; on gpu-2 the annotation too): a new episode.
+/// Still degraded, each node is tainted again only after `degradedForSeconds` of it.
+#[tokio::test]
+async fn a_taint_removed_by_hand_starts_a_new_episode() {
+    let mut world = World::start(
+        policy(|p| p.controller.node_health.max_tainted_percent = 100),
+        vec![
+            (NODES, gpu_node("gpu-1", 8, 7)),
+            (NODES, gpu_node("gpu-2", 8, 7)),
+        ],
+    )
+    .await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1", "gpu-2"]);
+    world.node_cached("gpu-1", has_our_taint).await;
+    world.node_cached("gpu-2", has_our_taint).await;
+    world.pass(130).await;
+
+    for (name, annotation_too) in [("gpu-1", false), ("gpu-2", true)] {
+        let mut node = world.fake.object(NODES, name);
+        node["spec"]["taints"]
+            .as_array_mut()
+            .expect("taints")
+            .retain(|taint| taint["key"] != DEGRADED_TAINT_KEY);
+        if annotation_too {
+            node["metadata"]["annotations"] = json!({});
+        }
+        world.fake.put(NODES, node);
+        world.node_cached(name, |node| !has_our_taint(node)).await;
+    }
+    world.fake.clear_requests();
+    let report = world.pass(140).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    // Only gpu-1's annotation, left behind, is removed.
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
+    assert!(writes[0].body.get("spec").is_none(), "{writes:?}");
+    assert_eq!(world.metrics.tainted_nodes.get(), 0);
+    assert_eq!(world.metrics.degraded_nodes.get(), 2);
+
+    for seconds in [141, 200, 259] {
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "at {seconds} s: {report:?}");
+    }
+    assert_eq!(world.fake.writes().len(), 1);
+    // degradedForSeconds into the new episode, both nodes still degraded: tainted again.
+    let report = world.pass(260).await;
+    assert_eq!(report.tainted, ["gpu-1", "gpu-2"]);
+    for name in ["gpu-1", "gpu-2"] {
+        assert_eq!(
+            world.reconciler.histories()[name].degraded_since,
+            Some(at(140)),
+            "{name}: the new episode's clock"
+        );
+    }
+}

@@ -61,9 +61,13 @@ pub struct NodeHistory {
     pub assumed_tainted: bool,
     /// Every device resource seen on the node with devices, and the most devices seen: one
     /// that vanishes later is "plugin down" ([`NodeVerdict::plugin_down`]). Kept across a
-    /// taint and its removal; forgotten when the node is deleted, when leadership changes, or
-    /// when someone removes gpu-guard's taint by hand (a person's word that the node is fine).
+    /// taint and its removal; forgotten when the node is deleted, or, for the resources gone
+    /// from the node, when someone removes gpu-guard's taint by hand (a person's word that the
+    /// node is fine).
     pub seen: BTreeMap<String, u64>,
+    /// The node carried gpu-guard's taint when last judged: if it is gone now and gpu-guard
+    /// did not remove it, someone removed it by hand ([`removed_by_hand`]).
+    pub held_taint: bool,
 }
 
 /// What should happen to a node.
@@ -166,7 +170,20 @@ pub fn node_verdict_with(
     let mut devices = device_counts(node, policy);
     devices.extend(dra);
     let ownership = ownership(node);
-    let (vanished, seen) = plugin_gone(node, &devices, history, ownership);
+    // Someone removed gpu-guard's taint: a new episode, its clocks start again, and what has
+    // vanished from the node is forgotten.
+    let by_hand = removed_by_hand(node, history);
+    let new_episode;
+    let history = if by_hand {
+        new_episode = NodeHistory {
+            seen: history.seen.clone(),
+            ..NodeHistory::default()
+        };
+        &new_episode
+    } else {
+        history
+    };
+    let (vanished, seen) = plugin_gone(node, &devices, history, ownership, by_hand);
     let mut plugin_down: Vec<String> = devices
         .iter()
         .filter(|device| device.plugin_stopped())
@@ -186,6 +203,7 @@ pub fn node_verdict_with(
     let mut next = NodeHistory {
         assumed_tainted: history.assumed_tainted,
         seen,
+        held_taint: ownership == Ownership::Ours,
         ..NodeHistory::default()
     };
     let decision = if ownership == Ownership::Foreign {
@@ -234,19 +252,32 @@ pub fn node_verdict_with(
     }
 }
 
+/// Whether someone other than gpu-guard removed its taint: the node carried it when last
+/// judged and carries no `gpu-guard.io/device-degraded` taint now (gpu-guard's own removal
+/// starts a new history, [`NodeHistory::held_taint`] false), or its owner annotation is left
+/// without the taint it records (`kubectl taint` removes the taint alone; after a restart this
+/// is all that tells).
+pub fn removed_by_hand(node: &Node, history: &NodeHistory) -> bool {
+    (history.held_taint && ownership(node) == Ownership::None) || stale_annotation(node)
+}
+
 /// The resources the node had (`history.seen`) that are gone from its device counts now, as
 /// counts with nothing allocatable; and what to remember as seen for the next pass. After a
 /// restart (an empty history) the resource gpu-guard's own taint names counts as seen, so that
-/// a node tainted while its plugin was gone is not untainted as "healthy". A stale owner
-/// annotation (someone removed gpu-guard's taint by hand) forgets the vanished resources.
+/// a node tainted while its plugin was gone is not untainted as "healthy". `by_hand` (someone
+/// removed gpu-guard's taint) forgets the vanished resources.
 fn plugin_gone(
     node: &Node,
     devices: &[DeviceCount],
     history: &NodeHistory,
     ownership: Ownership,
+    by_hand: bool,
 ) -> (Vec<DeviceCount>, BTreeMap<String, u64>) {
     let mut seen = history.seen.clone();
-    let restarted = history == &NodeHistory::default();
+    let restarted = history.degraded_since.is_none()
+        && history.healthy_since.is_none()
+        && !history.assumed_tainted
+        && history.seen.is_empty();
     if restarted
         && ownership == Ownership::Ours
         && let Some(record) = owner_record(node)
@@ -276,7 +307,7 @@ fn plugin_gone(
             .iter()
             .any(|device| device.resource == resource || taint_value(&device.resource) == resource)
     };
-    if stale_annotation(node) {
+    if by_hand {
         seen.retain(|resource, _| back(resource));
     }
     seen.retain(|resource, _| {

@@ -991,3 +991,51 @@ fn a_cluster_whose_gpus_only_dra_serves_is_reported_when_nothing_is_judged() {
             .contains("gpu.nvidia.com (1 nodes, in devices.drivers, no device)")
     );
 }
+
+#[test]
+fn a_taint_removed_by_hand_starts_a_new_episode() {
+    let policy = policy();
+    let degraded = node(Some("8"), Some("7"));
+    // Tainted at 120 s after a degradation since 0; the next judgment records the taint.
+    let tainted = node_verdict(
+        &ours(degraded.clone()),
+        &policy,
+        at(130),
+        &history(Some(0), None),
+    );
+    assert_eq!(tainted.decision, TaintDecision::Tainted);
+    assert!(tainted.history.held_taint);
+
+    // Taint and annotation gone, not by gpu-guard: the clock starts again.
+    let removed = node_verdict(&degraded, &policy, at(140), &tainted.history);
+    assert_eq!(
+        removed.decision,
+        TaintDecision::Degrading { taint_at: at(260) }
+    );
+    assert_eq!(removed.history.degraded_since, Some(at(140)));
+    assert!(!removed.history.held_taint);
+    let later = node_verdict(&degraded, &policy, at(259), &removed.history);
+    assert_eq!(
+        later.decision,
+        TaintDecision::Degrading { taint_at: at(260) }
+    );
+    assert_eq!(
+        node_verdict(&degraded, &policy, at(260), &later.history).decision,
+        TaintDecision::Taint
+    );
+
+    // The taint alone removed (its annotation left behind): the same.
+    let mut stale = ours(degraded.clone());
+    stale.spec = Some(NodeSpec::default());
+    assert!(removed_by_hand(&stale, &tainted.history));
+    let removed = node_verdict(&stale, &policy, at(140), &tainted.history);
+    assert_eq!(removed.history.degraded_since, Some(at(140)));
+
+    // Never tainted: nothing was removed, the episode goes on.
+    let never = history(Some(0), None);
+    assert!(!removed_by_hand(&degraded, &never));
+    assert_eq!(
+        node_verdict(&degraded, &policy, at(140), &never).decision,
+        TaintDecision::Taint
+    );
+}

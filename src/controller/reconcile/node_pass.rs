@@ -221,6 +221,7 @@ impl Reconciler {
                             tainted += 1;
                             holds_taint = true;
                             verdict.history.assumed_tainted = self.dry_run();
+                            verdict.history.held_taint = !self.dry_run();
                             self.metrics.taints_added.inc();
                             report.tainted.push(name.clone());
                         }
@@ -229,6 +230,7 @@ impl Reconciler {
                         Some(false) if self.written_ownership(&name) == Some(Ownership::Ours) => {
                             tainted += 1;
                             holds_taint = true;
+                            verdict.history.held_taint = true;
                         }
                         Some(false) | None => {}
                     }

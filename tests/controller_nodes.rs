@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use gpu_guard::controller::metrics::ControllerMetrics;
 use gpu_guard::controller::reconcile::{PassReport, Reconciler};
-use gpu_guard::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+use gpu_guard::wellknown::{
+    DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, IGNORE_VANISHED_ANNOTATION,
+};
 use hyper::Method;
 use serde_json::{Value, json};
 use support::controller::{
@@ -702,4 +704,124 @@ async fn a_taint_removed_by_hand_starts_a_new_episode() {
             "{name}: the new episode's clock"
         );
     }
+}
+
+/// Sets the node's device resources to `resources` (name, capacity, allocatable) as the kubelet
+/// reports them, and waits until the cache shows it.
+async fn report_devices(world: &World, name: &str, resources: &[(&str, &str, &str)]) {
+    let mut node = world.fake.object(NODES, name);
+    for (resource, capacity, allocatable) in resources {
+        node["status"]["capacity"][resource] = json!(capacity);
+        node["status"]["allocatable"][resource] = json!(allocatable);
+    }
+    world.fake.put(NODES, node);
+    let expected: Vec<(String, String, String)> = resources
+        .iter()
+        .map(|(r, c, a)| ((*r).to_owned(), (*c).to_owned(), (*a).to_owned()))
+        .collect();
+    world
+        .node_cached(name, move |node| {
+            expected.iter().all(|(resource, capacity, allocatable)| {
+                node["status"]["capacity"][resource] == *capacity
+                    && node["status"]["allocatable"][resource] == *allocatable
+            })
+        })
+        .await;
+}
+
+/// A MIG reconfiguration under the mixed strategy: the device plugin stops (the kubelet marks
+/// its 8 `nvidia.com/gpu` unhealthy, allocatable 0), comes back serving
+/// `nvidia.com/mig-1g.10gb` only, and 5 minutes later the kubelet drops `nvidia.com/gpu` to
+/// capacity 0, where it stays. The node is never tainted, and the safety valve (1 node of 10)
+/// is left for a real failure elsewhere.
+#[tokio::test]
+async fn a_resource_a_mig_reconfiguration_removes_never_taints_its_node() {
+    let objects: Vec<(&'static str, Value)> = (1..=10)
+        .map(|i| (NODES, gpu_node(&format!("gpu-{i:02}"), 8, 8)))
+        .collect();
+    let mut world = World::start(policy(|_| {}), objects).await;
+    world.pass(0).await;
+
+    report_devices(&world, "gpu-01", &[("nvidia.com/gpu", "8", "0")]).await;
+    let report = world.pass(10).await;
+    assert_eq!(report, PassReport::default());
+    assert_eq!(world.metrics.degraded_nodes.get(), 1, "plugin down");
+
+    report_devices(
+        &world,
+        "gpu-01",
+        &[
+            ("nvidia.com/gpu", "8", "0"),
+            ("nvidia.com/mig-1g.10gb", "56", "56"),
+        ],
+    )
+    .await;
+    world.pass(40).await;
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+    assert_eq!(world.metrics.vanished_forgotten.get(), 1);
+    for seconds in [130, 200, 310] {
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "at {seconds} s: {report:?}");
+    }
+    report_devices(
+        &world,
+        "gpu-01",
+        &[
+            ("nvidia.com/gpu", "0", "0"),
+            ("nvidia.com/mig-1g.10gb", "56", "56"),
+        ],
+    )
+    .await;
+    for seconds in [320, 1000, 10_000] {
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "at {seconds} s: {report:?}");
+    }
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+
+    // A real failure elsewhere is tainted: the valve was not spent on gpu-01.
+    report_devices(&world, "gpu-02", &[("nvidia.com/gpu", "8", "7")]).await;
+    world.pass(10_010).await;
+    let report = world.pass(10_130).await;
+    assert_eq!(report.tainted, ["gpu-02"]);
+    assert!(report.valve_held.is_empty(), "{report:?}");
+}
+
+/// The device plugin is uninstalled for good: the node is tainted as "plugin down", and the
+/// kubelet keeps the resource at capacity 0 for ever. An hour after it went to 0 it is
+/// forgotten and the node recovers. A node annotated
+/// `gpu-guard.io/ignore-vanished-resources: "true"` is never tainted for it.
+#[tokio::test]
+async fn a_resource_gone_for_good_is_forgotten_after_an_hour_or_at_once_when_opted_out() {
+    let mut opted_out = gpu_node("gpu-2", 8, 8);
+    opted_out["metadata"]["annotations"] = json!({IGNORE_VANISHED_ANNOTATION: "true"});
+    let mut world = World::start(
+        policy(|p| p.controller.node_health.max_tainted_percent = 100),
+        vec![(NODES, gpu_node("gpu-1", 8, 8)), (NODES, opted_out)],
+    )
+    .await;
+    world.pass(0).await;
+    for name in ["gpu-1", "gpu-2"] {
+        report_devices(&world, name, &[("nvidia.com/gpu", "8", "0")]).await;
+    }
+    world.pass(10).await;
+    let report = world.pass(130).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    for name in ["gpu-1", "gpu-2"] {
+        report_devices(&world, name, &[("nvidia.com/gpu", "0", "0")]).await;
+    }
+    world.node_cached("gpu-1", has_our_taint).await;
+    let report = world.pass(310).await;
+    assert!(report.untainted.is_empty(), "{report:?}");
+    let report = world.pass(310 + 3599).await;
+    assert!(report.untainted.is_empty(), "{report:?}");
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    // Gone for an hour: forgotten; healthy from then on, untainted healthyForSeconds later.
+    world.pass(310 + 3600).await;
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+    let report = world.pass(310 + 3600 + 600).await;
+    assert_eq!(report.untainted, ["gpu-1"]);
+    assert!(!has_our_taint(&world.fake.object(NODES, "gpu-2")));
+    // gpu-2's stopped plugin, then gpu-1's resource after the hour.
+    assert_eq!(world.metrics.vanished_forgotten.get(), 2);
 }

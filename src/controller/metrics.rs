@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 16] = [
+pub const METRIC_NAMES: [(&str, &str); 17] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
@@ -25,6 +25,10 @@ pub const METRIC_NAMES: [(&str, &str); 16] = [
     ("gpu_guard_controller_caches_synced", "gauge"),
     ("gpu_guard_controller_daemonsets_not_tolerating", "gauge"),
     ("gpu_guard_controller_device_pods", "gauge"),
+    (
+        "gpu_guard_controller_vanished_resources_forgotten_total",
+        "counter",
+    ),
 ];
 
 /// Every metric the controller exports.
@@ -50,6 +54,9 @@ pub struct ControllerMetrics {
     pub daemonsets_not_tolerating: Gauge,
     /// Device pods in the pod cache (what the controller's memory grows with).
     pub device_pods: Gauge,
+    /// Device resources no longer counted as "plugin down" on their node: gone too long,
+    /// replaced by another resource of the same vendor, or on a node that opted out.
+    pub vanished_forgotten: Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -142,6 +149,11 @@ impl Default for ControllerMetrics {
                 Gauge::default(),
                 "controller_device_pods",
                 "Pods that use a device, held in the controller's pod cache (other pods are not kept)"
+            ),
+            vanished_forgotten: register!(
+                Counter::default(),
+                "controller_vanished_resources_forgotten",
+                "Device resources gone from a node (or whose plugin stopped) no longer judged plugin down: gone over an hour, replaced by a resource of the same vendor, or the node annotated gpu-guard.io/ignore-vanished-resources"
             ),
             registry,
         }

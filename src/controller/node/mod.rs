@@ -12,10 +12,20 @@
 //! or a resource the node had that vanished from capacity/allocatable (after a grace period the
 //! kubelet drops its capacity to 0 too). Treating those as "not judged", i.e. healthy, made a
 //! loop: untaint, plugin back, taint again (issue 16).
+//!
+//! But "vanished means down" is bounded: the kubelet keeps a removed resource at capacity 0 for
+//! ever (kubernetes `pkg/kubelet/nodestatus/setters.go` "Set capacity for removed resource to
+//! 0", v1.36), and ordinary operations remove resources for good (a MIG reconfiguration, a move
+//! from the device plugin to a DRA driver, an uninstalled plugin, removed GPUs). A vanished
+//! resource is forgotten once it has been gone for [`VANISHED_FORGET_SECONDS`], at once when
+//! another resource of the same vendor is on the node, or on a node annotated
+//! `gpu-guard.io/ignore-vanished-resources: "true"`; a resource whose plugin stopped is
+//! replaced, not down, when a resource of the same vendor new to the node appears with it
+//! ([`NodeVerdict::forgotten`]).
 
 pub mod daemonsets;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -24,7 +34,15 @@ use serde_json::{Value, json};
 
 use crate::policy::Policy;
 use crate::rules::names::label_value_errors;
-use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, IGNORE_VANISHED_ANNOTATION};
+
+/// How long a device resource may stay gone from a node (absent, or capacity 0) and still be
+/// "plugin down": one hour. A device plugin that restarts or is upgraded is back within
+/// minutes; the kubelet itself waits 5 minutes (`endpointStopGracePeriod`, kubernetes
+/// `pkg/kubelet/cm/devicemanager/manager.go`, v1.36) before it drops a stopped plugin's
+/// capacity to 0, so a resource gone an hour has been gone at least 65 minutes, and no pod
+/// requesting it can be scheduled there meanwhile.
+pub const VANISHED_FORGET_SECONDS: u64 = 3600;
 
 /// One device resource of a node, as its status reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +86,14 @@ pub struct NodeHistory {
     /// The node carried gpu-guard's taint when last judged: if it is gone now and gpu-guard
     /// did not remove it, someone removed it by hand ([`removed_by_hand`]).
     pub held_taint: bool,
+    /// Since when each resource of `seen` has been gone from the node (absent or capacity 0):
+    /// forgotten after [`VANISHED_FORGET_SECONDS`].
+    pub vanished_since: BTreeMap<String, Timestamp>,
+    /// Resources whose device plugin stopped (nothing allocatable) when a resource of the same
+    /// vendor new to the node appeared (a MIG reconfiguration: `nvidia.com/gpu` replaced by
+    /// `nvidia.com/mig-1g.10gb`), or on a node that opted out: not judged until they have
+    /// allocatable devices again.
+    pub replaced: BTreeSet<String>,
 }
 
 /// What should happen to a node.
@@ -103,6 +129,8 @@ pub struct NodeVerdict {
     /// The resources whose device plugin is down (by name): degraded whatever the threshold,
     /// and never tainted `NoExecute` (that would evict the device plugin's own pod).
     pub plugin_down: Vec<String>,
+    /// The resources this judgment stopped counting as "plugin down", and why.
+    pub forgotten: Vec<(String, String)>,
     pub history: NodeHistory,
 }
 
@@ -183,7 +211,19 @@ pub fn node_verdict_with(
     } else {
         history
     };
-    let (vanished, seen) = plugin_gone(node, &devices, history, ownership, by_hand);
+    let mut forgotten = Vec::new();
+    let replaced = replaced_resources(node, &devices, history, &mut forgotten);
+    devices.retain(|device| !replaced.contains(&device.resource));
+    let gone = plugin_gone(
+        node,
+        &devices,
+        history,
+        &replaced,
+        (ownership, by_hand),
+        now,
+    );
+    let (vanished, seen) = (gone.vanished, gone.seen);
+    forgotten.extend(gone.forgotten);
     let mut plugin_down: Vec<String> = devices
         .iter()
         .filter(|device| device.plugin_stopped())
@@ -204,6 +244,8 @@ pub fn node_verdict_with(
         assumed_tainted: history.assumed_tainted,
         seen,
         held_taint: ownership == Ownership::Ours,
+        vanished_since: gone.vanished_since,
+        replaced,
         ..NodeHistory::default()
     };
     let decision = if ownership == Ownership::Foreign {
@@ -248,8 +290,104 @@ pub fn node_verdict_with(
         devices,
         degraded,
         plugin_down,
+        forgotten,
         history: next,
     }
+}
+
+/// Whether the node opted out of "plugin down" ([`IGNORE_VANISHED_ANNOTATION`] `"true"`).
+pub fn ignores_vanished(node: &Node) -> bool {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(IGNORE_VANISHED_ANNOTATION))
+        .is_some_and(|value| value == "true")
+}
+
+/// The vendor of a resource: the domain of an extended resource (`nvidia.com` of
+/// `nvidia.com/mig-1g.10gb`), the driver of a DRA resource (`gpu.nvidia.com`), and the same of
+/// a taint value remembered after a restart (`nvidia.com_gpu`, `dra_gpu.nvidia.com`).
+fn vendor(resource: &str) -> &str {
+    if let Some(driver) = resource
+        .strip_prefix("dra/")
+        .or_else(|| resource.strip_prefix("dra_"))
+    {
+        return driver;
+    }
+    resource
+        .split_once('/')
+        .or_else(|| resource.split_once('_'))
+        .map_or(resource, |(domain, _)| domain)
+}
+
+/// Whether two resources come from the same vendor: the same domain, or one a subdomain of
+/// the other (NVIDIA's DRA driver `gpu.nvidia.com` and its device plugin's `nvidia.com/gpu`).
+fn same_vendor(a: &str, b: &str) -> bool {
+    let (a, b) = (vendor(a), vendor(b));
+    let under = |sub: &str, domain: &str| {
+        sub.strip_suffix(domain)
+            .is_some_and(|head| head.ends_with('.'))
+    };
+    a == b || under(a, b) || under(b, a)
+}
+
+/// The resources not to judge: those whose device plugin stopped (capacity, nothing
+/// allocatable) when a resource of the same vendor, new to the node and with allocatable
+/// devices, appeared (the plugin came back serving other resources: a MIG reconfiguration
+/// under the mixed strategy), or on a node that opted out; until they have allocatable devices
+/// again. Each new one is added to `forgotten`, with why.
+fn replaced_resources(
+    node: &Node,
+    devices: &[DeviceCount],
+    history: &NodeHistory,
+    forgotten: &mut Vec<(String, String)>,
+) -> BTreeSet<String> {
+    let ignore = ignores_vanished(node);
+    // After a restart every resource is new: nothing can be told replaced.
+    let newcomers: Vec<&DeviceCount> = devices
+        .iter()
+        .filter(|device| {
+            !history.seen.is_empty()
+                && !history.seen.contains_key(&device.resource)
+                && device.allocatable > 0
+        })
+        .collect();
+    let mut replaced = BTreeSet::new();
+    for device in devices.iter().filter(|device| device.plugin_stopped()) {
+        if history.replaced.contains(&device.resource) {
+            replaced.insert(device.resource.clone());
+        } else if ignore {
+            replaced.insert(device.resource.clone());
+            forgotten.push((
+                device.resource.clone(),
+                format!("its device plugin stopped, and the node is annotated {IGNORE_VANISHED_ANNOTATION}"),
+            ));
+        } else if let Some(newcomer) = newcomers
+            .iter()
+            .find(|newcomer| same_vendor(&newcomer.resource, &device.resource))
+        {
+            replaced.insert(device.resource.clone());
+            forgotten.push((
+                device.resource.clone(),
+                format!(
+                    "its device plugin stopped as {} appeared: replaced",
+                    newcomer.resource
+                ),
+            ));
+        }
+    }
+    replaced
+}
+
+/// What [`plugin_gone`] found.
+struct Gone {
+    /// The resources gone from the node and still "plugin down", with nothing allocatable.
+    vanished: Vec<DeviceCount>,
+    /// What to remember as seen for the next judgment.
+    seen: BTreeMap<String, u64>,
+    vanished_since: BTreeMap<String, Timestamp>,
+    /// The resources no longer "plugin down", and why.
+    forgotten: Vec<(String, String)>,
 }
 
 /// Whether someone other than gpu-guard removed its taint: the node carried it when last
@@ -265,14 +403,16 @@ pub fn removed_by_hand(node: &Node, history: &NodeHistory) -> bool {
 /// counts with nothing allocatable; and what to remember as seen for the next pass. After a
 /// restart (an empty history) the resource gpu-guard's own taint names counts as seen, so that
 /// a node tainted while its plugin was gone is not untainted as "healthy". `by_hand` (someone
-/// removed gpu-guard's taint) forgets the vanished resources.
+/// removed gpu-guard's taint) forgets the vanished resources, and so do the bounds of "vanished
+/// means down" (see the module documentation); `replaced` resources are not remembered.
 fn plugin_gone(
     node: &Node,
     devices: &[DeviceCount],
     history: &NodeHistory,
-    ownership: Ownership,
-    by_hand: bool,
-) -> (Vec<DeviceCount>, BTreeMap<String, u64>) {
+    replaced: &BTreeSet<String>,
+    (ownership, by_hand): (Ownership, bool),
+    now: Timestamp,
+) -> Gone {
     let mut seen = history.seen.clone();
     let restarted = history.degraded_since.is_none()
         && history.healthy_since.is_none()
@@ -313,6 +453,41 @@ fn plugin_gone(
     seen.retain(|resource, _| {
         devices.iter().any(|device| device.resource == *resource) || !back(resource)
     });
+    // Replaced resources are not judged ([`replaced_resources`]); when they vanish, nothing
+    // is left to remember.
+    seen.retain(|resource, _| !replaced.contains(resource));
+    let ignore = ignores_vanished(node);
+    let mut vanished_since = BTreeMap::new();
+    let mut forgotten = Vec::new();
+    seen.retain(|resource, _| {
+        if back(resource) {
+            return true;
+        }
+        let why = if ignore {
+            Some(format!(
+                "gone, and the node is annotated {IGNORE_VANISHED_ANNOTATION}"
+            ))
+        } else if let Some(sibling) = devices
+            .iter()
+            .find(|device| same_vendor(&device.resource, resource))
+        {
+            Some(format!(
+                "gone while {} is on the node: replaced",
+                sibling.resource
+            ))
+        } else {
+            let since = history.vanished_since.get(resource).copied().unwrap_or(now);
+            vanished_since.insert(resource.clone(), since);
+            (now >= later(since, VANISHED_FORGET_SECONDS))
+                .then(|| format!("gone since {since}, over {VANISHED_FORGET_SECONDS} s"))
+        };
+        if let Some(why) = why {
+            vanished_since.remove(resource);
+            forgotten.push((resource.clone(), why));
+            return false;
+        }
+        true
+    });
     let vanished = seen
         .iter()
         .filter(|(resource, _)| !back(resource))
@@ -326,7 +501,12 @@ fn plugin_gone(
         let most = seen.entry(device.resource.clone()).or_insert(0);
         *most = (*most).max(device.capacity);
     }
-    (vanished, seen)
+    Gone {
+        vanished,
+        seen,
+        vanished_since,
+        forgotten,
+    }
 }
 
 /// `seconds` after `since`, saturating at the end of time (never a panic: an owner annotation

@@ -1039,3 +1039,91 @@ fn a_taint_removed_by_hand_starts_a_new_episode() {
         TaintDecision::Taint
     );
 }
+
+#[test]
+fn vendors_of_extended_dra_and_remembered_resources() {
+    for (a, b, same) in [
+        ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb", true),
+        ("nvidia.com/gpu", "dra/gpu.nvidia.com", true),
+        ("dra/gpu.nvidia.com", "nvidia.com/mig-3g.40gb", true),
+        ("nvidia.com_gpu", "nvidia.com/mig-1g.10gb", true),
+        ("dra_gpu.nvidia.com", "nvidia.com/gpu", true),
+        ("amd.com/gpu", "dra/gpu.amd.com", true),
+        ("nvidia.com/gpu", "amd.com/gpu", false),
+        // A suffix that is not a subdomain is another vendor.
+        ("dra/gpu.notnvidia.com", "nvidia.com/gpu", false),
+        ("dra/gpu.nvidia.com", "dra/gpu.amd.com", false),
+    ] {
+        assert_eq!(same_vendor(a, b), same, "{a} / {b}");
+    }
+}
+
+/// A node moved from the device plugin to NVIDIA's DRA driver: the plugin stops, the driver's
+/// slices appear (a resource of the same vendor, new to the node): replaced, never down.
+#[test]
+fn a_dra_driver_replacing_the_device_plugin_ends_plugin_down_at_once() {
+    let policy = policy();
+    let start = node_verdict(
+        &node(Some("8"), Some("8")),
+        &policy,
+        at(0),
+        &NodeHistory::default(),
+    );
+    let stopped = node_verdict(&node(Some("8"), Some("0")), &policy, at(10), &start.history);
+    assert_eq!(stopped.plugin_down, ["nvidia.com/gpu"]);
+    let dra = vec![DeviceCount {
+        resource: "dra/gpu.nvidia.com".to_owned(),
+        capacity: 8,
+        allocatable: 8,
+    }];
+    let moved = node_verdict_with(
+        &node(Some("8"), Some("0")),
+        dra.clone(),
+        &policy,
+        at(20),
+        &stopped.history,
+    );
+    assert_eq!(moved.decision, TaintDecision::Healthy);
+    assert!(moved.plugin_down.is_empty());
+    assert_eq!(moved.forgotten.len(), 1, "{:?}", moved.forgotten);
+    assert_eq!(moved.forgotten[0].0, "nvidia.com/gpu");
+    // Still replaced while the kubelet keeps the stopped resource, and forgotten once it is 0:
+    // no second report.
+    let later = node_verdict_with(
+        &node(Some("8"), Some("0")),
+        dra.clone(),
+        &policy,
+        at(200),
+        &moved.history,
+    );
+    assert_eq!(later.decision, TaintDecision::Healthy);
+    assert!(later.forgotten.is_empty());
+    let zero = node_verdict_with(
+        &node(Some("0"), Some("0")),
+        dra,
+        &policy,
+        at(400),
+        &later.history,
+    );
+    assert_eq!(zero.decision, TaintDecision::Healthy);
+    assert!(zero.forgotten.is_empty());
+    assert!(!zero.history.seen.contains_key("nvidia.com/gpu"));
+
+    // A stopped plugin with no newcomer stays down; so does one whose siblings were there
+    // before (a mixed-strategy node whose full GPUs all failed).
+    let mixed = |gpu: &str| {
+        let mut node = node(Some("2"), Some(gpu));
+        let status = node.status.as_mut().unwrap();
+        for quantities in [&mut status.capacity, &mut status.allocatable] {
+            quantities.as_mut().unwrap().insert(
+                "nvidia.com/mig-1g.10gb".to_owned(),
+                Quantity("42".to_owned()),
+            );
+        }
+        node
+    };
+    let before = node_verdict(&mixed("2"), &policy, at(0), &NodeHistory::default());
+    let failed = node_verdict(&mixed("0"), &policy, at(10), &before.history);
+    assert_eq!(failed.plugin_down, ["nvidia.com/gpu"]);
+    assert!(failed.forgotten.is_empty());
+}

@@ -22,7 +22,9 @@ use crate::controller::pod::PodFacts;
 use crate::policy::Policy;
 
 use crate::cluster::reflector::{Reflected, Watch};
-use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL};
+use crate::wellknown::{
+    DEGRADED_OWNER_ANNOTATION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL, IGNORE_VANISHED_ANNOTATION,
+};
 
 /// The Node, device Pod, opted-in Namespace and ResourceSlice caches.
 pub struct Caches {
@@ -223,8 +225,9 @@ fn slim_slice(slice: &mut ResourceSlice) {
 }
 
 /// Keeps what node decisions read and node patches need: name, uid, resourceVersion (the
-/// patches' precondition), gpu-guard's owner annotation (no other: nodes carry kilobytes of
-/// them), taints, capacity and allocatable (the device counts).
+/// patches' precondition), gpu-guard's owner annotation and its opt-out
+/// `gpu-guard.io/ignore-vanished-resources` (no other: nodes carry kilobytes of them), taints,
+/// capacity and allocatable (the device counts).
 pub(super) fn keep_node_taints_devices_and_owner(node: &mut Node) {
     let full = std::mem::take(node);
     *node = Node {
@@ -233,8 +236,12 @@ pub(super) fn keep_node_taints_devices_and_owner(node: &mut Node) {
             uid: full.metadata.uid,
             resource_version: full.metadata.resource_version,
             annotations: full.metadata.annotations.and_then(|mut annotations| {
-                let owner = annotations.remove_entry(DEGRADED_OWNER_ANNOTATION)?;
-                Some([owner].into())
+                let kept: std::collections::BTreeMap<String, String> =
+                    [DEGRADED_OWNER_ANNOTATION, IGNORE_VANISHED_ANNOTATION]
+                        .into_iter()
+                        .filter_map(|key| annotations.remove_entry(key))
+                        .collect();
+                (!kept.is_empty()).then_some(kept)
             }),
             ..ObjectMeta::default()
         },

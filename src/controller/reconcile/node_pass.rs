@@ -181,6 +181,10 @@ impl Reconciler {
             let name = node.metadata.name.clone().unwrap_or_default();
             let mut holds_taint =
                 ownership(&node) == Ownership::Ours || verdict.history.assumed_tainted;
+            for (resource, why) in &verdict.forgotten {
+                self.metrics.vanished_forgotten.inc();
+                tracing::info!(node = %name, %resource, "{why}: no longer judged device plugin down");
+            }
             if node::stale_annotation(&node) {
                 let cleared = self.clear_stale_annotation(&node).await;
                 self.settle(Write::ClearAnnotation(&name), cleared, report)?;

@@ -825,3 +825,78 @@ async fn a_resource_gone_for_good_is_forgotten_after_an_hour_or_at_once_when_opt
     // gpu-2's stopped plugin, then gpu-1's resource after the hour.
     assert_eq!(world.metrics.vanished_forgotten.get(), 2);
 }
+
+/// Partitionable devices (KEP 4815), as NVIDIA's DRA driver publishes them: each GPU and each
+/// of its MIG devices is a device, all consuming the GPU's counter set `gpu-<minor>-counter-set`
+/// (defined in a slice of its own: a slice holds devices or counter sets). GPU 0 (with 2 MIG
+/// devices) has an Xid: the driver taints it and its partitions. GPU 1 (7 MIG devices) is
+/// fine. That is 1 of 2 GPUs, 50 %, not 3 of 10 devices.
+#[tokio::test]
+async fn dra_partitions_count_as_the_gpu_they_are_carved_from() {
+    let taint =
+        json!([{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}]);
+    let consumes = |gpu: u32| {
+        json!([{"counterSet": format!("gpu-{gpu}-counter-set"),
+                                       "counters": {"multiprocessors": {"value": "14"}}}])
+    };
+    let mut devices = Vec::new();
+    for (gpu, partitions) in [(0u32, 2u32), (1, 7)] {
+        let mut whole = json!({"name": format!("gpu-{gpu}"), "consumesCounters": consumes(gpu)});
+        if gpu == 0 {
+            whole["taints"] = taint.clone();
+        }
+        devices.push(whole);
+        for index in 0..partitions {
+            let mut partition = json!({"name": format!("gpu-{gpu}-mig-1g10gb-19-{index}"),
+                                       "consumesCounters": consumes(gpu)});
+            if gpu == 0 {
+                partition["taints"] = taint.clone();
+            }
+            devices.push(partition);
+        }
+    }
+    let pool = json!({"name": "dra-1", "generation": 1, "resourceSliceCount": 2});
+    let mut world = World::start(
+        policy(|p| {
+            p.controller.node_health.unusable_devices.count = None;
+            p.controller.node_health.unusable_devices.percent = Some(50);
+        }),
+        vec![
+            (
+                NODES,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-1"},
+                       "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}}),
+            ),
+            (
+                RESOURCE_SLICES,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                       "metadata": {"name": "dra-1-gpu.nvidia.com-counters"},
+                       "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-1", "pool": pool,
+                                "sharedCounters": [
+                                    {"name": "gpu-0-counter-set",
+                                     "counters": {"multiprocessors": {"value": "98"}}},
+                                    {"name": "gpu-1-counter-set",
+                                     "counters": {"multiprocessors": {"value": "98"}}}]}}),
+            ),
+            (
+                RESOURCE_SLICES,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                       "metadata": {"name": "dra-1-gpu.nvidia.com-devices"},
+                       "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-1", "pool": pool,
+                                "devices": devices}}),
+            ),
+        ],
+    )
+    .await;
+    world.pass(0).await;
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["dra-1"]);
+    let events = world.fake.events();
+    assert_eq!(
+        events[0].2,
+        "tainted gpu-guard.io/device-degraded=dra_gpu.nvidia.com:NoSchedule: 1 of 2 \
+         dra/gpu.nvidia.com unusable (allocatable 1) since 2027-01-15T08:00:00Z (threshold held \
+         120 s)"
+    );
+}

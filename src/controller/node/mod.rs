@@ -558,13 +558,22 @@ pub fn device_counts(node: &Node, policy: &Policy) -> Vec<DeviceCount> {
         .collect()
 }
 
-/// The DRA devices of node `node`, per driver listed in `policy.devices.drivers`: every device
-/// the node's ResourceSlices publish (`spec.nodeName`), and as unusable those with a device
-/// taint of effect `NoSchedule` or `NoExecute` (a driver taints a device it finds unhealthy;
+/// The DRA GPUs of node `node`, per driver listed in `policy.devices.drivers`, from the devices
+/// its ResourceSlices publish (`spec.nodeName`); as unusable those with a device taint of
+/// effect `NoSchedule` or `NoExecute` (a driver taints a device it finds unhealthy;
 /// `resource.k8s.io/v1` `Device.taints`, Kubernetes v1.36 `staging/src/k8s.io/api/resource/
 /// v1/types.go`). Only the newest generation of each pool counts: while a driver republishes
 /// a pool, slices of the older generation are stale (`ResourcePool.generation`). The resource
 /// is named `dra/<driver>` (its taint value `dra_<driver>`, a valid label value).
+///
+/// Counted in physical devices, not in what is published: with partitionable devices a driver
+/// publishes a whole GPU and each of its partitions, all consuming one counter set of the pool
+/// (`Device.consumesCounters`; counter set names are unique in a pool). NVIDIA's DRA driver
+/// names one counter set per GPU (`gpu-<minor>-counter-set`) that the GPU and its MIG devices
+/// consume (NVIDIA/k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/partitions.go`, main at
+/// 1b84773). Devices that consume a common counter set are one device, unusable when any of
+/// them is tainted (a fault in a partition is a fault of its GPU); a device that consumes no
+/// counter set is one on its own.
 pub fn dra_device_counts<'a>(
     node: &str,
     slices: impl IntoIterator<Item = &'a ResourceSlice>,
@@ -576,45 +585,100 @@ pub fn dra_device_counts<'a>(
         .filter(|slice| slice.spec.node_name.as_deref() == Some(node))
         .filter(|slice| drivers.contains(&slice.spec.driver))
         .collect();
-    let mut newest: std::collections::BTreeMap<(&str, &str), i64> = Default::default();
+    let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for slice in &slices {
         let pool = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
         let generation = newest.entry(pool).or_insert(slice.spec.pool.generation);
         *generation = (*generation).max(slice.spec.pool.generation);
     }
-    let mut counts: Vec<DeviceCount> = Vec::new();
+    let mut by_driver: BTreeMap<&str, PhysicalDevices> = BTreeMap::new();
     for slice in slices {
         let pool = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
         if newest.get(&pool) != Some(&slice.spec.pool.generation) {
             continue;
         }
-        let resource = format!("dra/{}", slice.spec.driver);
-        let index = match counts.iter().position(|count| count.resource == resource) {
-            Some(index) => index,
-            None => {
-                counts.push(DeviceCount {
-                    resource,
-                    capacity: 0,
-                    allocatable: 0,
-                });
-                counts.len() - 1
-            }
-        };
+        let physical = by_driver.entry(pool.0).or_default();
         for device in slice.spec.devices.iter().flatten() {
             let unusable = device
                 .taints
                 .iter()
                 .flatten()
                 .any(|taint| matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute"));
-            counts[index].capacity += 1;
-            if !unusable {
-                counts[index].allocatable += 1;
+            let sets = device
+                .consumes_counters
+                .iter()
+                .flatten()
+                .map(|consumed| (pool.1, consumed.counter_set.as_str()));
+            physical.add(unusable, sets);
+        }
+    }
+    by_driver
+        .into_iter()
+        .map(|(driver, physical)| {
+            let (capacity, unusable) = physical.count();
+            DeviceCount {
+                resource: format!("dra/{driver}"),
+                capacity,
+                allocatable: capacity - unusable,
+            }
+        })
+        .filter(|count| count.capacity > 0)
+        .collect()
+}
+
+/// Published devices grouped into physical ones: devices that consume a common counter set
+/// (by pool and name) are one (a union-find over the devices).
+#[derive(Default)]
+struct PhysicalDevices<'a> {
+    /// Per device, the device it was merged into (itself when it leads its group).
+    parent: Vec<usize>,
+    unusable: Vec<bool>,
+    /// The first device seen consuming each counter set.
+    by_set: BTreeMap<(&'a str, &'a str), usize>,
+}
+
+impl<'a> PhysicalDevices<'a> {
+    fn add(&mut self, unusable: bool, sets: impl Iterator<Item = (&'a str, &'a str)>) {
+        let device = self.parent.len();
+        self.parent.push(device);
+        self.unusable.push(unusable);
+        for set in sets {
+            match self.by_set.get(&set) {
+                Some(&other) => self.merge(device, other),
+                None => {
+                    self.by_set.insert(set, device);
+                }
             }
         }
     }
-    counts.retain(|count| count.capacity > 0);
-    counts.sort_by(|a, b| a.resource.cmp(&b.resource));
-    counts
+
+    fn leader(&mut self, mut device: usize) -> usize {
+        while self.parent[device] != device {
+            self.parent[device] = self.parent[self.parent[device]];
+            device = self.parent[device];
+        }
+        device
+    }
+
+    fn merge(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.leader(a), self.leader(b));
+        if a != b {
+            self.parent[a] = b;
+            self.unusable[b] |= self.unusable[a];
+        }
+    }
+
+    /// The physical devices, and how many of them are unusable.
+    fn count(mut self) -> (u64, u64) {
+        let (mut devices, mut unusable) = (0, 0);
+        for device in 0..self.parent.len() {
+            if self.leader(device) == device {
+                devices += 1;
+                unusable += u64::from(self.unusable[device]);
+            }
+        }
+        (devices, unusable)
+    }
 }
 
 /// The start-up hint when no node is judged although nodes publish DRA ResourceSlices: GPUs

@@ -1127,3 +1127,71 @@ fn a_dra_driver_replacing_the_device_plugin_ends_plugin_down_at_once() {
     assert_eq!(failed.plugin_down, ["nvidia.com/gpu"]);
     assert!(failed.forgotten.is_empty());
 }
+
+/// A slice of partitionable devices in pool `pool` of node n1: each `(name, counter sets,
+/// tainted)`.
+fn partitioned(pool: &str, devices: &[(&str, &[&str], bool)]) -> ResourceSlice {
+    let devices: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|(name, sets, tainted)| {
+            let mut device = json!({"name": name, "consumesCounters": sets
+                .iter()
+                .map(|set| json!({"counterSet": set, "counters": {"memory": {"value": "10Gi"}}}))
+                .collect::<Vec<_>>()});
+            if *tainted {
+                device["taints"] = json!([{"key": "gpu.nvidia.com/xid", "effect": "NoSchedule"}]);
+            }
+            device
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("n1-{pool}")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn dra_partitions_count_as_their_physical_gpu() {
+    let policy = Policy::embedded();
+    let gpus = |slices: &[ResourceSlice]| {
+        let counts = dra_device_counts("n1", slices, &policy);
+        assert_eq!(counts.len(), 1, "{counts:?}");
+        (counts[0].capacity, counts[0].allocatable)
+    };
+    let two = ["gpu-0-counter-set"];
+    let one = ["gpu-1-counter-set"];
+    // Whole GPUs and partitions on one counter set each: 2 GPUs; one MIG device tainted makes
+    // its GPU unusable.
+    let slice = partitioned(
+        "n1",
+        &[
+            ("gpu-0", &two, false),
+            ("gpu-0-mig-1g10gb-19-0", &two, true),
+            ("gpu-0-mig-1g10gb-19-1", &two, false),
+            ("gpu-1", &one, false),
+            ("gpu-1-mig-3g40gb-9-0", &one, false),
+        ],
+    );
+    assert_eq!(gpus(std::slice::from_ref(&slice)), (2, 1));
+    // Devices that consume no counter set (GPUs without MIG) count one each.
+    let plain = partitioned("n1", &[("gpu-0", &[], false), ("gpu-1", &[], true)]);
+    assert_eq!(gpus(&[plain]), (2, 1));
+    // A counter set name is the pool's own: the same name in two pools is two GPUs.
+    let other_pool = partitioned("n1-b", &[("gpu-0", &two, false)]);
+    assert_eq!(gpus(&[slice.clone(), other_pool]), (3, 2));
+    // A device consuming two counter sets ties them into one.
+    let bridged = partitioned(
+        "n1",
+        &[
+            ("a", &["s1"], false),
+            ("b", &["s2"], true),
+            ("ab", &["s1", "s2"], false),
+            ("c", &["s3"], false),
+        ],
+    );
+    assert_eq!(gpus(&[bridged]), (2, 1));
+}

@@ -8,7 +8,9 @@ use std::time::Duration;
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus};
-use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceCounterConsumption, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -193,7 +195,7 @@ where
 }
 
 /// Keeps what node health reads of a ResourceSlice: driver, node, pool name and generation,
-/// and each device's name and taints.
+/// and each device's name, taints and the counter sets it consumes.
 fn slim_slice(slice: &mut ResourceSlice) {
     let full = std::mem::take(slice);
     *slice = ResourceSlice {
@@ -215,6 +217,17 @@ fn slim_slice(slice: &mut ResourceSlice) {
                     .map(|device| Device {
                         name: device.name,
                         taints: device.taints,
+                        // Which counter sets it consumes (they tie a partition to its GPU),
+                        // not how much.
+                        consumes_counters: device.consumes_counters.map(|consumed| {
+                            consumed
+                                .into_iter()
+                                .map(|consumption| DeviceCounterConsumption {
+                                    counter_set: consumption.counter_set,
+                                    counters: Default::default(),
+                                })
+                                .collect()
+                        }),
                         ..Device::default()
                     })
                     .collect()

@@ -475,6 +475,12 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
     );
 }
 
+/// A node whose GPUs only a DRA driver serves: no device resource in its status.
+fn dra_only_node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+           "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}})
+}
+
 /// A node whose GPUs come from a DRA driver (NVIDIA's `gpu.nvidia.com`: no extended resource in
 /// its status): one of the 8 devices its ResourceSlice publishes is tainted by the driver, so
 /// it is judged degraded like a device-plugin node with 7 of 8 allocatable, and tainted.
@@ -493,11 +499,7 @@ async fn a_node_whose_dra_driver_taints_a_gpu_is_tainted() {
     let mut world = World::start(
         policy(|_| {}),
         vec![
-            (
-                NODES,
-                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-1"},
-                       "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}}),
-            ),
+            (NODES, dra_only_node("dra-1")),
             (
                 RESOURCE_SLICES,
                 json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -862,11 +864,7 @@ async fn dra_partitions_count_as_the_gpu_they_are_carved_from() {
             p.controller.node_health.unusable_devices.percent = Some(50);
         }),
         vec![
-            (
-                NODES,
-                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-1"},
-                       "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}}),
-            ),
+            (NODES, dra_only_node("dra-1")),
             (
                 RESOURCE_SLICES,
                 json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",

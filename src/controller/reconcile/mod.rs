@@ -20,7 +20,8 @@
 //! - [`events`]: Event reasons and publishing.
 //!
 //! A pass reads the caches only; it calls the API server only to change something (or to read
-//! a node again after a conflict). In a dry run it changes nothing: its node patches, pod
+//! a node again after a conflict, or every node before the first taint of a term). Nodes it
+//! wrote or read that way are judged instead of the cached ones until the cache catches up. In a dry run it changes nothing: its node patches, pod
 //! status patches and evictions are sent with `dryRun=All` (so RBAC, admission and
 //! PodDisruptionBudgets are exercised, and nothing is stored); Events, logs and metrics say
 //! what it would have done.

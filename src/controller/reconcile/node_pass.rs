@@ -519,14 +519,21 @@ impl Reconciler {
         fresh
     }
 
-    /// Reads every node from the API server (a consistent read), to be judged instead of the
-    /// cached nodes where newer.
+    /// Reads every node from the API server (a consistent read, in pages of 500 as the
+    /// reflectors list), to be judged instead of the cached nodes where newer.
     async fn read_nodes(&self) -> Result<(), kube::Error> {
         let api = Api::<Node>::all(self.client.clone());
-        for node in api.list(&ListParams::default()).await?.items {
-            self.remember(node);
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = api.list(&params).await?;
+            for node in page.items {
+                self.remember(node);
+            }
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return Ok(()),
+            }
         }
-        Ok(())
     }
 }
 

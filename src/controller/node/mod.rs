@@ -205,6 +205,7 @@ pub fn node_verdict_with(
     let history = if by_hand {
         new_episode = NodeHistory {
             seen: history.seen.clone(),
+            replaced: history.replaced.clone(),
             ..NodeHistory::default()
         };
         &new_episode

@@ -1098,6 +1098,20 @@ fn a_dra_driver_replacing_the_device_plugin_ends_plugin_down_at_once() {
     );
     assert_eq!(later.decision, TaintDecision::Healthy);
     assert!(later.forgotten.is_empty());
+    // A new episode (the taint removed by hand) keeps it replaced.
+    let removed = NodeHistory {
+        held_taint: true,
+        ..later.history.clone()
+    };
+    let after_removal = node_verdict_with(
+        &node(Some("8"), Some("0")),
+        dra.clone(),
+        &policy,
+        at(210),
+        &removed,
+    );
+    assert_eq!(after_removal.decision, TaintDecision::Healthy);
+    assert!(after_removal.plugin_down.is_empty());
     let zero = node_verdict_with(
         &node(Some("0"), Some("0")),
         dra,

@@ -537,11 +537,14 @@ impl Reconciler {
     }
 }
 
-/// The history of a node whose taint is gone: a new episode starts, but the device resources
-/// seen on it are remembered (a plugin that vanishes later is still "plugin down").
+/// The history of a node whose taint is gone: a new episode starts, but what is known of its
+/// device resources stays: those seen on it (a plugin that vanishes later is still "plugin
+/// down"), since when each has been gone, and those replaced by others.
 fn forget_episode(history: NodeHistory) -> NodeHistory {
     NodeHistory {
         seen: history.seen,
+        vanished_since: history.vanished_since,
+        replaced: history.replaced,
         ..NodeHistory::default()
     }
 }

@@ -70,3 +70,10 @@ pub const HEALTHZ_PATH: &str = "/healthz";
 pub const READYZ_PATH: &str = "/readyz";
 /// Prometheus metrics (OpenMetrics text), on the admin port.
 pub const METRICS_PATH: &str = "/metrics";
+
+// === node health opt-outs ===
+
+/// Node annotation: with the value `"true"`, a device resource that vanishes from the node, or
+/// whose device plugin stops (nothing allocatable), is forgotten at once instead of judged
+/// "plugin down" (a node being reconfigured, or whose GPUs are gone for good).
+pub const IGNORE_VANISHED_ANNOTATION: &str = "gpu-guard.io/ignore-vanished-resources";

@@ -4,12 +4,18 @@
 
 mod support;
 
-use gpu_guard::controller::reconcile::PassReport;
-use gpu_guard::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_guard::controller::metrics::ControllerMetrics;
+use gpu_guard::controller::reconcile::{PassReport, Reconciler};
+use gpu_guard::wellknown::{
+    DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, IGNORE_VANISHED_ANNOTATION,
+};
 use hyper::Method;
 use serde_json::{Value, json};
 use support::controller::{
-    TAINT_TIME, World, gpu_node, has_our_taint, pod_world, policy, push_taint,
+    TAINT_TIME, World, at, gpu_node, has_our_taint, pod_world, policy, push_taint,
 };
 use support::fake_api::{Logged, NODES, PODS, RESOURCE_SLICES};
 
@@ -469,6 +475,12 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
     );
 }
 
+/// A node whose GPUs only a DRA driver serves: no device resource in its status.
+fn dra_only_node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+           "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}})
+}
+
 /// A node whose GPUs come from a DRA driver (NVIDIA's `gpu.nvidia.com`: no extended resource in
 /// its status): one of the 8 devices its ResourceSlice publishes is tainted by the driver, so
 /// it is judged degraded like a device-plugin node with 7 of 8 allocatable, and tainted.
@@ -487,11 +499,7 @@ async fn a_node_whose_dra_driver_taints_a_gpu_is_tainted() {
     let mut world = World::start(
         policy(|_| {}),
         vec![
-            (
-                NODES,
-                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "dra-1"},
-                       "status": {"capacity": {"cpu": "96"}, "allocatable": {"cpu": "95"}}}),
-            ),
+            (NODES, dra_only_node("dra-1")),
             (
                 RESOURCE_SLICES,
                 json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -515,5 +523,378 @@ async fn a_node_whose_dra_driver_taints_a_gpu_is_tainted() {
     assert_eq!(
         writes[0].body["spec"]["taints"][0],
         json!({"key": DEGRADED_TAINT_KEY, "value": "dra_gpu.nvidia.com", "effect": "NoSchedule"})
+    );
+}
+
+/// 20 GPU nodes, `maxTaintedPercent: 10` (at most 2 tainted), and the nodes `degraded`
+/// (numbers) with 5 of 8 GPUs allocatable.
+fn fleet(degraded: &[u32]) -> Vec<(&'static str, Value)> {
+    (1..=20)
+        .map(|i| {
+            let allocatable = if degraded.contains(&i) { 5 } else { 8 };
+            (NODES, gpu_node(&format!("gpu-{i:02}"), 8, allocatable))
+        })
+        .collect()
+}
+
+fn tainted_in_fake(world: &World) -> Vec<String> {
+    (1..=20)
+        .map(|i| format!("gpu-{i:02}"))
+        .filter(|name| has_our_taint(&world.fake.object(NODES, name)))
+        .collect()
+}
+
+/// The watch lags the controller's own writes (events arrive a second late): the pass after a
+/// wave of taints must count them although the cache does not show them yet.
+#[tokio::test]
+async fn the_safety_valve_holds_while_the_watch_lags_the_controllers_own_taints() {
+    let mut world = World::start(policy(|_| {}), fleet(&[16, 17, 18, 19, 20])).await;
+    world.pass(0).await;
+    world.fake.lock().watch_delay = Some(Duration::from_millis(1500));
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-16", "gpu-17"]);
+    assert_eq!(report.valve_held, ["gpu-18", "gpu-19", "gpu-20"]);
+    // At once, and again a little later: the cache still shows none of the two taints.
+    for seconds in [121, 122] {
+        assert!(
+            !world.caches.nodes.state().iter().any(|node| node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|taints| taints.iter().any(|t| t.key == DEGRADED_TAINT_KEY))),
+            "the watch was meant to lag"
+        );
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "{report:?}");
+        assert_eq!(report.valve_held, ["gpu-18", "gpu-19", "gpu-20"]);
+        assert!(report.errors.is_empty(), "{report:?}");
+        assert_eq!(world.metrics.tainted_nodes.get(), 2);
+    }
+    assert_eq!(tainted_in_fake(&world), ["gpu-16", "gpu-17"]);
+    // One patch per tainted node: nothing was sent on a stale resourceVersion.
+    assert_eq!(world.fake.writes().len(), 2, "{:?}", world.fake.writes());
+    world.node_cached("gpu-17", has_our_taint).await;
+    let report = world.pass(200).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    assert_eq!(tainted_in_fake(&world), ["gpu-16", "gpu-17"]);
+    assert_eq!(world.metrics.tainted_nodes.get(), 2);
+}
+
+/// A change of leader in a wave: replica A taints 2 nodes, then replica B takes over while its
+/// cache shows none of them yet, and would taint three nodes of its own before meeting A's.
+#[tokio::test]
+async fn a_new_leader_counts_the_taints_of_the_previous_one_its_cache_has_not_seen() {
+    let mut world = World::start(policy(|_| {}), fleet(&[19, 20])).await;
+    let mut b = Reconciler::new(
+        world.fake.config(),
+        policy(|_| {}),
+        Some("test-2".to_owned()),
+        Arc::new(ControllerMetrics::default()),
+    )
+    .expect("reconciler");
+    world.pass(0).await;
+    b.observe(&world.caches, at(0));
+    // gpu-16..18 degrade 10 s later; both replicas watch.
+    let degrade: Vec<Value> = (16..=18)
+        .map(|i| {
+            let mut node = world.fake.object(NODES, &format!("gpu-{i}"));
+            node["status"]["allocatable"]["nvidia.com/gpu"] = json!("5");
+            node
+        })
+        .collect();
+    for node in degrade {
+        world.fake.put(NODES, node);
+    }
+    world
+        .node_cached("gpu-18", |node| {
+            node["status"]["allocatable"]["nvidia.com/gpu"] == "5"
+        })
+        .await;
+    world.pass(10).await;
+    b.observe(&world.caches, at(10));
+
+    world.fake.lock().watch_delay = Some(Duration::from_millis(1500));
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-19", "gpu-20"]);
+
+    // B leads now (A is gone), its cache a second behind A's writes.
+    b.new_term(at(130));
+    let report = b.pass(&world.caches, at(130)).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    assert_eq!(report.valve_held, ["gpu-16", "gpu-17", "gpu-18"]);
+    assert_eq!(tainted_in_fake(&world), ["gpu-19", "gpu-20"]);
+}
+
+/// A conflict whose re-read shows gpu-guard's own taint (another replica's): the node counts
+/// as tainted for the safety valve.
+#[tokio::test]
+async fn a_reread_that_finds_gpu_guards_taint_counts_for_the_safety_valve() {
+    let mut world = World::start(policy(|_| {}), fleet(&[18, 19, 20])).await;
+    world.pass(0).await;
+    world.fake.conflict_once(|node| {
+        push_taint(
+            node,
+            json!({"key": DEGRADED_TAINT_KEY, "value": "nvidia.com_gpu", "effect": "NoSchedule"}),
+        );
+        node["metadata"]["annotations"] = json!({
+            DEGRADED_OWNER_ANNOTATION: format!("{TAINT_TIME};nvidia.com_gpu:NoSchedule")
+        });
+    });
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-19"]);
+    assert_eq!(report.valve_held, ["gpu-20"]);
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(tainted_in_fake(&world), ["gpu-18", "gpu-19"]);
+    assert_eq!(world.metrics.tainted_nodes.get(), 2);
+}
+
+/// Someone removes gpu-guard's taint by hand (on gpu-1 the taint alone, as `kubectl taint
+/// node gpu-1 gpu-guard.io/device-degraded-` does; on gpu-2 the annotation too): a new episode.
+/// Still degraded, each node is tainted again only after `degradedForSeconds` of it.
+#[tokio::test]
+async fn a_taint_removed_by_hand_starts_a_new_episode() {
+    let mut world = World::start(
+        policy(|p| p.controller.node_health.max_tainted_percent = 100),
+        vec![
+            (NODES, gpu_node("gpu-1", 8, 7)),
+            (NODES, gpu_node("gpu-2", 8, 7)),
+        ],
+    )
+    .await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1", "gpu-2"]);
+    world.node_cached("gpu-1", has_our_taint).await;
+    world.node_cached("gpu-2", has_our_taint).await;
+    world.pass(130).await;
+
+    for (name, annotation_too) in [("gpu-1", false), ("gpu-2", true)] {
+        let mut node = world.fake.object(NODES, name);
+        node["spec"]["taints"]
+            .as_array_mut()
+            .expect("taints")
+            .retain(|taint| taint["key"] != DEGRADED_TAINT_KEY);
+        if annotation_too {
+            node["metadata"]["annotations"] = json!({});
+        }
+        world.fake.put(NODES, node);
+        world.node_cached(name, |node| !has_our_taint(node)).await;
+    }
+    world.fake.clear_requests();
+    let report = world.pass(140).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    // Only gpu-1's annotation, left behind, is removed.
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
+    assert!(writes[0].body.get("spec").is_none(), "{writes:?}");
+    assert_eq!(world.metrics.tainted_nodes.get(), 0);
+    assert_eq!(world.metrics.degraded_nodes.get(), 2);
+
+    for seconds in [141, 200, 259] {
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "at {seconds} s: {report:?}");
+    }
+    assert_eq!(world.fake.writes().len(), 1);
+    // degradedForSeconds into the new episode, both nodes still degraded: tainted again.
+    let report = world.pass(260).await;
+    assert_eq!(report.tainted, ["gpu-1", "gpu-2"]);
+    for name in ["gpu-1", "gpu-2"] {
+        assert_eq!(
+            world.reconciler.histories()[name].degraded_since,
+            Some(at(140)),
+            "{name}: the new episode's clock"
+        );
+    }
+}
+
+/// Sets the node's device resources to `resources` (name, capacity, allocatable) as the kubelet
+/// reports them, and waits until the cache shows it.
+async fn report_devices(world: &World, name: &str, resources: &[(&str, &str, &str)]) {
+    let mut node = world.fake.object(NODES, name);
+    for (resource, capacity, allocatable) in resources {
+        node["status"]["capacity"][resource] = json!(capacity);
+        node["status"]["allocatable"][resource] = json!(allocatable);
+    }
+    world.fake.put(NODES, node);
+    let expected: Vec<(String, String, String)> = resources
+        .iter()
+        .map(|(r, c, a)| ((*r).to_owned(), (*c).to_owned(), (*a).to_owned()))
+        .collect();
+    world
+        .node_cached(name, move |node| {
+            expected.iter().all(|(resource, capacity, allocatable)| {
+                node["status"]["capacity"][resource] == *capacity
+                    && node["status"]["allocatable"][resource] == *allocatable
+            })
+        })
+        .await;
+}
+
+/// A MIG reconfiguration under the mixed strategy: the device plugin stops (the kubelet marks
+/// its 8 `nvidia.com/gpu` unhealthy, allocatable 0), comes back serving
+/// `nvidia.com/mig-1g.10gb` only, and 5 minutes later the kubelet drops `nvidia.com/gpu` to
+/// capacity 0, where it stays. The node is never tainted, and the safety valve (1 node of 10)
+/// is left for a real failure elsewhere.
+#[tokio::test]
+async fn a_resource_a_mig_reconfiguration_removes_never_taints_its_node() {
+    let objects: Vec<(&'static str, Value)> = (1..=10)
+        .map(|i| (NODES, gpu_node(&format!("gpu-{i:02}"), 8, 8)))
+        .collect();
+    let mut world = World::start(policy(|_| {}), objects).await;
+    world.pass(0).await;
+
+    report_devices(&world, "gpu-01", &[("nvidia.com/gpu", "8", "0")]).await;
+    let report = world.pass(10).await;
+    assert_eq!(report, PassReport::default());
+    assert_eq!(world.metrics.degraded_nodes.get(), 1, "plugin down");
+
+    report_devices(
+        &world,
+        "gpu-01",
+        &[
+            ("nvidia.com/gpu", "8", "0"),
+            ("nvidia.com/mig-1g.10gb", "56", "56"),
+        ],
+    )
+    .await;
+    world.pass(40).await;
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+    assert_eq!(world.metrics.vanished_forgotten.get(), 1);
+    for seconds in [130, 200, 310] {
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "at {seconds} s: {report:?}");
+    }
+    report_devices(
+        &world,
+        "gpu-01",
+        &[
+            ("nvidia.com/gpu", "0", "0"),
+            ("nvidia.com/mig-1g.10gb", "56", "56"),
+        ],
+    )
+    .await;
+    for seconds in [320, 1000, 10_000] {
+        let report = world.pass(seconds).await;
+        assert!(report.tainted.is_empty(), "at {seconds} s: {report:?}");
+    }
+    assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+
+    // A real failure elsewhere is tainted: the valve was not spent on gpu-01.
+    report_devices(&world, "gpu-02", &[("nvidia.com/gpu", "8", "7")]).await;
+    world.pass(10_010).await;
+    let report = world.pass(10_130).await;
+    assert_eq!(report.tainted, ["gpu-02"]);
+    assert!(report.valve_held.is_empty(), "{report:?}");
+}
+
+/// The device plugin is uninstalled for good: the node is tainted as "plugin down", and the
+/// kubelet keeps the resource at capacity 0 for ever. An hour after it went to 0 it is
+/// forgotten and the node recovers. A node annotated
+/// `gpu-guard.io/ignore-vanished-resources: "true"` is never tainted for it.
+#[tokio::test]
+async fn a_resource_gone_for_good_is_forgotten_after_an_hour_or_at_once_when_opted_out() {
+    let mut opted_out = gpu_node("gpu-2", 8, 8);
+    opted_out["metadata"]["annotations"] = json!({IGNORE_VANISHED_ANNOTATION: "true"});
+    let mut world = World::start(
+        policy(|p| p.controller.node_health.max_tainted_percent = 100),
+        vec![(NODES, gpu_node("gpu-1", 8, 8)), (NODES, opted_out)],
+    )
+    .await;
+    world.pass(0).await;
+    for name in ["gpu-1", "gpu-2"] {
+        report_devices(&world, name, &[("nvidia.com/gpu", "8", "0")]).await;
+    }
+    world.pass(10).await;
+    let report = world.pass(130).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    for name in ["gpu-1", "gpu-2"] {
+        report_devices(&world, name, &[("nvidia.com/gpu", "0", "0")]).await;
+    }
+    world.node_cached("gpu-1", has_our_taint).await;
+    let report = world.pass(310).await;
+    assert!(report.untainted.is_empty(), "{report:?}");
+    let report = world.pass(310 + 3599).await;
+    assert!(report.untainted.is_empty(), "{report:?}");
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    // Gone for an hour: forgotten; healthy from then on, untainted healthyForSeconds later.
+    world.pass(310 + 3600).await;
+    assert_eq!(world.metrics.degraded_nodes.get(), 0);
+    let report = world.pass(310 + 3600 + 600).await;
+    assert_eq!(report.untainted, ["gpu-1"]);
+    assert!(!has_our_taint(&world.fake.object(NODES, "gpu-2")));
+    // gpu-2's stopped plugin, then gpu-1's resource after the hour.
+    assert_eq!(world.metrics.vanished_forgotten.get(), 2);
+}
+
+/// Partitionable devices (KEP 4815), as NVIDIA's DRA driver publishes them: each GPU and each
+/// of its MIG devices is a device, all consuming the GPU's counter set `gpu-<minor>-counter-set`
+/// (defined in a slice of its own: a slice holds devices or counter sets). GPU 0 (with 2 MIG
+/// devices) has an Xid: the driver taints it and its partitions. GPU 1 (7 MIG devices) is
+/// fine. That is 1 of 2 GPUs, 50 %, not 3 of 10 devices.
+#[tokio::test]
+async fn dra_partitions_count_as_the_gpu_they_are_carved_from() {
+    let taint =
+        json!([{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}]);
+    let consumes = |gpu: u32| {
+        json!([{"counterSet": format!("gpu-{gpu}-counter-set"),
+                                       "counters": {"multiprocessors": {"value": "14"}}}])
+    };
+    let mut devices = Vec::new();
+    for (gpu, partitions) in [(0u32, 2u32), (1, 7)] {
+        let mut whole = json!({"name": format!("gpu-{gpu}"), "consumesCounters": consumes(gpu)});
+        if gpu == 0 {
+            whole["taints"] = taint.clone();
+        }
+        devices.push(whole);
+        for index in 0..partitions {
+            let mut partition = json!({"name": format!("gpu-{gpu}-mig-1g10gb-19-{index}"),
+                                       "consumesCounters": consumes(gpu)});
+            if gpu == 0 {
+                partition["taints"] = taint.clone();
+            }
+            devices.push(partition);
+        }
+    }
+    let pool = json!({"name": "dra-1", "generation": 1, "resourceSliceCount": 2});
+    let mut world = World::start(
+        policy(|p| {
+            p.controller.node_health.unusable_devices.count = None;
+            p.controller.node_health.unusable_devices.percent = Some(50);
+        }),
+        vec![
+            (NODES, dra_only_node("dra-1")),
+            (
+                RESOURCE_SLICES,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                       "metadata": {"name": "dra-1-gpu.nvidia.com-counters"},
+                       "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-1", "pool": pool,
+                                "sharedCounters": [
+                                    {"name": "gpu-0-counter-set",
+                                     "counters": {"multiprocessors": {"value": "98"}}},
+                                    {"name": "gpu-1-counter-set",
+                                     "counters": {"multiprocessors": {"value": "98"}}}]}}),
+            ),
+            (
+                RESOURCE_SLICES,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                       "metadata": {"name": "dra-1-gpu.nvidia.com-devices"},
+                       "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-1", "pool": pool,
+                                "devices": devices}}),
+            ),
+        ],
+    )
+    .await;
+    world.pass(0).await;
+    assert_eq!(world.metrics.degraded_nodes.get(), 1);
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["dra-1"]);
+    let events = world.fake.events();
+    assert_eq!(
+        events[0].2,
+        "tainted gpu-guard.io/device-degraded=dra_gpu.nvidia.com:NoSchedule: 1 of 2 \
+         dra/gpu.nvidia.com unusable (allocatable 1) since 2027-01-15T08:00:00Z (threshold held \
+         120 s)"
     );
 }

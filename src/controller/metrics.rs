@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 17] = [
+pub const METRIC_NAMES: [(&str, &str); 18] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
@@ -26,6 +26,10 @@ pub const METRIC_NAMES: [(&str, &str); 17] = [
     ("gpu_guard_controller_daemonsets_not_tolerating", "gauge"),
     ("gpu_guard_controller_device_pods", "gauge"),
     ("gpu_guard_controller_events_dropped_total", "counter"),
+    (
+        "gpu_guard_controller_vanished_resources_forgotten_total",
+        "counter",
+    ),
 ];
 
 /// Every metric the controller exports.
@@ -53,6 +57,9 @@ pub struct ControllerMetrics {
     pub device_pods: Gauge,
     /// Pod Events not published because the queue that takes them off the mark path was full.
     pub events_dropped: Counter,
+    /// Device resources no longer counted as "plugin down" on their node: gone too long,
+    /// replaced by another resource of the same vendor, or on a node that opted out.
+    pub vanished_forgotten: Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -150,6 +157,11 @@ impl Default for ControllerMetrics {
                 Counter::default(),
                 "controller_events_dropped",
                 "Pod Events (DeviceFailureMarked) not published because their queue was full (the marks themselves were made)"
+            ),
+            vanished_forgotten: register!(
+                Counter::default(),
+                "controller_vanished_resources_forgotten",
+                "Device resources gone from a node (or whose plugin stopped) no longer judged plugin down: gone over an hour, replaced by a resource of the same vendor, or the node annotated gpu-guard.io/ignore-vanished-resources"
             ),
             registry,
         }

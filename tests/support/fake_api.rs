@@ -9,8 +9,8 @@
 //! node merge patches with their resourceVersion precondition, pod status patches, evictions,
 //! Events, Leases; a write with `dryRun=All` is answered and recorded, not applied. A test changes objects silently ([`Fake::set`], [`Fake::remove`]: the next
 //! list shows it) or with a watch event ([`Fake::put`], [`Fake::event`]); sends `410 Gone`;
-//! holds lists or watches unanswered; ends the watch streams; delays or refuses writes through
-//! [`State`]; and reads the log of requests.
+//! holds lists or watches unanswered; ends the watch streams; delays or refuses writes, and
+//! delays watch events, through [`State`]; and reads the log of requests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
@@ -121,11 +121,28 @@ impl Collection {
 
     /// Sends a watch event line to the open watches, forgetting the closed ones.
     fn send(&mut self, event: &Value) {
-        let mut line = serde_json::to_vec(event).expect("event JSON");
-        line.push(b'\n');
-        let line = Bytes::from(line);
+        self.send_line(event_line(event));
+    }
+
+    fn send_line(&mut self, line: Bytes) {
         self.watchers
             .retain(|watcher| watcher.send(line.clone()).is_ok());
+    }
+}
+
+fn event_line(event: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(event).expect("event JSON");
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// A watch event held back: when it is due, the collection, the line.
+type Delayed = (tokio::time::Instant, String, Bytes);
+
+impl Collection {
+    /// Whether some watch is open (a dry-run write takes them away: its events go nowhere).
+    fn watched(&self) -> bool {
+        !self.watchers.is_empty()
     }
 }
 
@@ -159,6 +176,11 @@ pub struct State {
     pub event_delay: Option<Duration>,
     /// Numbers the requests ([`Logged`]).
     next_seq: u64,
+    /// Watch events reach the open watches this long after the change they report (a watch
+    /// that lags the writes, as under load): in order, each no sooner than its delay.
+    pub watch_delay: Option<Duration>,
+    /// The queue of held watch events ([`State::watch_delay`]), drained by a task of the fake.
+    delayed: Option<mpsc::UnboundedSender<Delayed>>,
 }
 
 /// What a dry-run write must leave as it was.
@@ -225,7 +247,14 @@ impl State {
         if type_ == "DELETED" {
             collection.objects.remove(&key_of(&object));
         }
-        collection.send(&json!({"type": type_, "object": object}));
+        let event = json!({"type": type_, "object": object});
+        match (self.watch_delay, &self.delayed) {
+            (Some(delay), Some(queue)) if collection.watched() => {
+                let due = tokio::time::Instant::now() + delay;
+                let _ = queue.send((due, path.to_owned(), event_line(&event)));
+            }
+            _ => collection.send(&event),
+        }
         object
     }
 }
@@ -274,11 +303,26 @@ impl Fake {
             node_patch_delay: None,
             event_delay: None,
             next_seq: 0,
+            watch_delay: None,
+            delayed: None,
         };
         let fake = Fake {
             addr,
             state: Arc::new(Mutex::new(state)),
         };
+        // Held watch events go out in order, each when it is due.
+        let (queue, mut held) = mpsc::unbounded_channel::<Delayed>();
+        fake.lock().delayed = Some(queue);
+        let state = fake.state.clone();
+        tokio::spawn(async move {
+            while let Some((due, path, line)) = held.recv().await {
+                tokio::time::sleep_until(due).await;
+                let mut state = state.lock().expect("fake state");
+                if let Some(collection) = state.collections.get_mut(path.as_str()) {
+                    collection.send_line(line);
+                }
+            }
+        });
         let server = fake.clone();
         serve(listener, move |request| server.clone().handle(request));
         fake

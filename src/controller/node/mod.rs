@@ -12,10 +12,20 @@
 //! or a resource the node had that vanished from capacity/allocatable (after a grace period the
 //! kubelet drops its capacity to 0 too). Treating those as "not judged", i.e. healthy, made a
 //! loop: untaint, plugin back, taint again (issue 16).
+//!
+//! But "vanished means down" is bounded: the kubelet keeps a removed resource at capacity 0 for
+//! ever (kubernetes `pkg/kubelet/nodestatus/setters.go` "Set capacity for removed resource to
+//! 0", v1.36), and ordinary operations remove resources for good (a MIG reconfiguration, a move
+//! from the device plugin to a DRA driver, an uninstalled plugin, removed GPUs). A vanished
+//! resource is forgotten once it has been gone for [`VANISHED_FORGET_SECONDS`], at once when
+//! another resource of the same vendor is on the node, or on a node annotated
+//! `gpu-guard.io/ignore-vanished-resources: "true"`; a resource whose plugin stopped is
+//! replaced, not down, when a resource of the same vendor new to the node appears with it
+//! ([`NodeVerdict::forgotten`]).
 
 pub mod daemonsets;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -24,7 +34,15 @@ use serde_json::{Value, json};
 
 use crate::policy::Policy;
 use crate::rules::names::label_value_errors;
-use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, IGNORE_VANISHED_ANNOTATION};
+
+/// How long a device resource may stay gone from a node (absent, or capacity 0) and still be
+/// "plugin down": one hour. A device plugin that restarts or is upgraded is back within
+/// minutes; the kubelet itself waits 5 minutes (`endpointStopGracePeriod`, kubernetes
+/// `pkg/kubelet/cm/devicemanager/manager.go`, v1.36) before it drops a stopped plugin's
+/// capacity to 0, so a resource gone an hour has been gone at least 65 minutes, and no pod
+/// requesting it can be scheduled there meanwhile.
+pub const VANISHED_FORGET_SECONDS: u64 = 3600;
 
 /// One device resource of a node, as its status reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,9 +79,21 @@ pub struct NodeHistory {
     pub assumed_tainted: bool,
     /// Every device resource seen on the node with devices, and the most devices seen: one
     /// that vanishes later is "plugin down" ([`NodeVerdict::plugin_down`]). Kept across a
-    /// taint and its removal; forgotten when the node is deleted, when leadership changes, or
-    /// when someone removes gpu-guard's taint by hand (a person's word that the node is fine).
+    /// taint and its removal; forgotten when the node is deleted, or, for the resources gone
+    /// from the node, when someone removes gpu-guard's taint by hand (a person's word that the
+    /// node is fine).
     pub seen: BTreeMap<String, u64>,
+    /// The node carried gpu-guard's taint when last judged: if it is gone now and gpu-guard
+    /// did not remove it, someone removed it by hand ([`removed_by_hand`]).
+    pub held_taint: bool,
+    /// Since when each resource of `seen` has been gone from the node (absent or capacity 0):
+    /// forgotten after [`VANISHED_FORGET_SECONDS`].
+    pub vanished_since: BTreeMap<String, Timestamp>,
+    /// Resources whose device plugin stopped (nothing allocatable) when a resource of the same
+    /// vendor new to the node appeared (a MIG reconfiguration: `nvidia.com/gpu` replaced by
+    /// `nvidia.com/mig-1g.10gb`), or on a node that opted out: not judged until they have
+    /// allocatable devices again.
+    pub replaced: BTreeSet<String>,
 }
 
 /// What should happen to a node.
@@ -99,6 +129,8 @@ pub struct NodeVerdict {
     /// The resources whose device plugin is down (by name): degraded whatever the threshold,
     /// and never tainted `NoExecute` (that would evict the device plugin's own pod).
     pub plugin_down: Vec<String>,
+    /// The resources this judgment stopped counting as "plugin down", and why.
+    pub forgotten: Vec<(String, String)>,
     pub history: NodeHistory,
 }
 
@@ -166,7 +198,33 @@ pub fn node_verdict_with(
     let mut devices = device_counts(node, policy);
     devices.extend(dra);
     let ownership = ownership(node);
-    let (vanished, seen) = plugin_gone(node, &devices, history, ownership);
+    // Someone removed gpu-guard's taint: a new episode, its clocks start again, and what has
+    // vanished from the node is forgotten.
+    let by_hand = removed_by_hand(node, history);
+    let new_episode;
+    let history = if by_hand {
+        new_episode = NodeHistory {
+            seen: history.seen.clone(),
+            replaced: history.replaced.clone(),
+            ..NodeHistory::default()
+        };
+        &new_episode
+    } else {
+        history
+    };
+    let mut forgotten = Vec::new();
+    let replaced = replaced_resources(node, &devices, history, &mut forgotten);
+    devices.retain(|device| !replaced.contains(&device.resource));
+    let gone = plugin_gone(
+        node,
+        &devices,
+        history,
+        &replaced,
+        (ownership, by_hand),
+        now,
+    );
+    let (vanished, seen) = (gone.vanished, gone.seen);
+    forgotten.extend(gone.forgotten);
     let mut plugin_down: Vec<String> = devices
         .iter()
         .filter(|device| device.plugin_stopped())
@@ -186,6 +244,9 @@ pub fn node_verdict_with(
     let mut next = NodeHistory {
         assumed_tainted: history.assumed_tainted,
         seen,
+        held_taint: ownership == Ownership::Ours,
+        vanished_since: gone.vanished_since,
+        replaced,
         ..NodeHistory::default()
     };
     let decision = if ownership == Ownership::Foreign {
@@ -230,23 +291,134 @@ pub fn node_verdict_with(
         devices,
         degraded,
         plugin_down,
+        forgotten,
         history: next,
     }
+}
+
+/// Whether the node opted out of "plugin down" ([`IGNORE_VANISHED_ANNOTATION`] `"true"`).
+pub fn ignores_vanished(node: &Node) -> bool {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(IGNORE_VANISHED_ANNOTATION))
+        .is_some_and(|value| value == "true")
+}
+
+/// The vendor of a resource: the domain of an extended resource (`nvidia.com` of
+/// `nvidia.com/mig-1g.10gb`), the driver of a DRA resource (`gpu.nvidia.com`), and the same of
+/// a taint value remembered after a restart (`nvidia.com_gpu`, `dra_gpu.nvidia.com`).
+fn vendor(resource: &str) -> &str {
+    if let Some(driver) = resource
+        .strip_prefix("dra/")
+        .or_else(|| resource.strip_prefix("dra_"))
+    {
+        return driver;
+    }
+    resource
+        .split_once('/')
+        .or_else(|| resource.split_once('_'))
+        .map_or(resource, |(domain, _)| domain)
+}
+
+/// Whether two resources come from the same vendor: the same domain, or one a subdomain of
+/// the other (NVIDIA's DRA driver `gpu.nvidia.com` and its device plugin's `nvidia.com/gpu`).
+fn same_vendor(a: &str, b: &str) -> bool {
+    let (a, b) = (vendor(a), vendor(b));
+    let under = |sub: &str, domain: &str| {
+        sub.strip_suffix(domain)
+            .is_some_and(|head| head.ends_with('.'))
+    };
+    a == b || under(a, b) || under(b, a)
+}
+
+/// The resources not to judge: those whose device plugin stopped (capacity, nothing
+/// allocatable) when a resource of the same vendor, new to the node and with allocatable
+/// devices, appeared (the plugin came back serving other resources: a MIG reconfiguration
+/// under the mixed strategy), or on a node that opted out; until they have allocatable devices
+/// again. Each new one is added to `forgotten`, with why.
+fn replaced_resources(
+    node: &Node,
+    devices: &[DeviceCount],
+    history: &NodeHistory,
+    forgotten: &mut Vec<(String, String)>,
+) -> BTreeSet<String> {
+    let ignore = ignores_vanished(node);
+    // After a restart every resource is new: nothing can be told replaced.
+    let newcomers: Vec<&DeviceCount> = devices
+        .iter()
+        .filter(|device| {
+            !history.seen.is_empty()
+                && !history.seen.contains_key(&device.resource)
+                && device.allocatable > 0
+        })
+        .collect();
+    let mut replaced = BTreeSet::new();
+    for device in devices.iter().filter(|device| device.plugin_stopped()) {
+        if history.replaced.contains(&device.resource) {
+            replaced.insert(device.resource.clone());
+        } else if ignore {
+            replaced.insert(device.resource.clone());
+            forgotten.push((
+                device.resource.clone(),
+                format!("its device plugin stopped, and the node is annotated {IGNORE_VANISHED_ANNOTATION}"),
+            ));
+        } else if let Some(newcomer) = newcomers
+            .iter()
+            .find(|newcomer| same_vendor(&newcomer.resource, &device.resource))
+        {
+            replaced.insert(device.resource.clone());
+            forgotten.push((
+                device.resource.clone(),
+                format!(
+                    "its device plugin stopped as {} appeared: replaced",
+                    newcomer.resource
+                ),
+            ));
+        }
+    }
+    replaced
+}
+
+/// What [`plugin_gone`] found.
+struct Gone {
+    /// The resources gone from the node and still "plugin down", with nothing allocatable.
+    vanished: Vec<DeviceCount>,
+    /// What to remember as seen for the next judgment.
+    seen: BTreeMap<String, u64>,
+    vanished_since: BTreeMap<String, Timestamp>,
+    /// The resources no longer "plugin down", and why.
+    forgotten: Vec<(String, String)>,
+}
+
+/// Whether someone other than gpu-guard removed its taint: the node carried it when last
+/// judged and carries no `gpu-guard.io/device-degraded` taint now (gpu-guard's own removal
+/// starts a new history, [`NodeHistory::held_taint`] false), or its owner annotation is left
+/// without the taint it records (`kubectl taint` removes the taint alone; after a restart this
+/// is all that tells).
+pub fn removed_by_hand(node: &Node, history: &NodeHistory) -> bool {
+    (history.held_taint && ownership(node) == Ownership::None) || stale_annotation(node)
 }
 
 /// The resources the node had (`history.seen`) that are gone from its device counts now, as
 /// counts with nothing allocatable; and what to remember as seen for the next pass. After a
 /// restart (an empty history) the resource gpu-guard's own taint names counts as seen, so that
-/// a node tainted while its plugin was gone is not untainted as "healthy". A stale owner
-/// annotation (someone removed gpu-guard's taint by hand) forgets the vanished resources.
+/// a node tainted while its plugin was gone is not untainted as "healthy". `by_hand` (someone
+/// removed gpu-guard's taint) forgets the vanished resources, and so do the bounds of "vanished
+/// means down" (see the module documentation); `replaced` resources are not remembered.
 fn plugin_gone(
     node: &Node,
     devices: &[DeviceCount],
     history: &NodeHistory,
-    ownership: Ownership,
-) -> (Vec<DeviceCount>, BTreeMap<String, u64>) {
+    replaced: &BTreeSet<String>,
+    (ownership, by_hand): (Ownership, bool),
+    now: Timestamp,
+) -> Gone {
     let mut seen = history.seen.clone();
-    let restarted = history == &NodeHistory::default();
+    let restarted = history.degraded_since.is_none()
+        && history.healthy_since.is_none()
+        && !history.assumed_tainted
+        && history.seen.is_empty();
     if restarted
         && ownership == Ownership::Ours
         && let Some(record) = owner_record(node)
@@ -276,11 +448,46 @@ fn plugin_gone(
             .iter()
             .any(|device| device.resource == resource || taint_value(&device.resource) == resource)
     };
-    if stale_annotation(node) {
+    if by_hand {
         seen.retain(|resource, _| back(resource));
     }
     seen.retain(|resource, _| {
         devices.iter().any(|device| device.resource == *resource) || !back(resource)
+    });
+    // Replaced resources are not judged ([`replaced_resources`]); when they vanish, nothing
+    // is left to remember.
+    seen.retain(|resource, _| !replaced.contains(resource));
+    let ignore = ignores_vanished(node);
+    let mut vanished_since = BTreeMap::new();
+    let mut forgotten = Vec::new();
+    seen.retain(|resource, _| {
+        if back(resource) {
+            return true;
+        }
+        let why = if ignore {
+            Some(format!(
+                "gone, and the node is annotated {IGNORE_VANISHED_ANNOTATION}"
+            ))
+        } else if let Some(sibling) = devices
+            .iter()
+            .find(|device| same_vendor(&device.resource, resource))
+        {
+            Some(format!(
+                "gone while {} is on the node: replaced",
+                sibling.resource
+            ))
+        } else {
+            let since = history.vanished_since.get(resource).copied().unwrap_or(now);
+            vanished_since.insert(resource.clone(), since);
+            (now >= later(since, VANISHED_FORGET_SECONDS))
+                .then(|| format!("gone since {since}, over {VANISHED_FORGET_SECONDS} s"))
+        };
+        if let Some(why) = why {
+            vanished_since.remove(resource);
+            forgotten.push((resource.clone(), why));
+            return false;
+        }
+        true
     });
     let vanished = seen
         .iter()
@@ -295,7 +502,12 @@ fn plugin_gone(
         let most = seen.entry(device.resource.clone()).or_insert(0);
         *most = (*most).max(device.capacity);
     }
-    (vanished, seen)
+    Gone {
+        vanished,
+        seen,
+        vanished_since,
+        forgotten,
+    }
 }
 
 /// `seconds` after `since`, saturating at the end of time (never a panic: an owner annotation
@@ -347,13 +559,22 @@ pub fn device_counts(node: &Node, policy: &Policy) -> Vec<DeviceCount> {
         .collect()
 }
 
-/// The DRA devices of node `node`, per driver listed in `policy.devices.drivers`: every device
-/// the node's ResourceSlices publish (`spec.nodeName`), and as unusable those with a device
-/// taint of effect `NoSchedule` or `NoExecute` (a driver taints a device it finds unhealthy;
+/// The DRA GPUs of node `node`, per driver listed in `policy.devices.drivers`, from the devices
+/// its ResourceSlices publish (`spec.nodeName`); as unusable those with a device taint of
+/// effect `NoSchedule` or `NoExecute` (a driver taints a device it finds unhealthy;
 /// `resource.k8s.io/v1` `Device.taints`, Kubernetes v1.36 `staging/src/k8s.io/api/resource/
 /// v1/types.go`). Only the newest generation of each pool counts: while a driver republishes
 /// a pool, slices of the older generation are stale (`ResourcePool.generation`). The resource
 /// is named `dra/<driver>` (its taint value `dra_<driver>`, a valid label value).
+///
+/// Counted in physical devices, not in what is published: with partitionable devices a driver
+/// publishes a whole GPU and each of its partitions, all consuming one counter set of the pool
+/// (`Device.consumesCounters`; counter set names are unique in a pool). NVIDIA's DRA driver
+/// names one counter set per GPU (`gpu-<minor>-counter-set`) that the GPU and its MIG devices
+/// consume (NVIDIA/k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/partitions.go`, main at
+/// 1b84773). Devices that consume a common counter set are one device, unusable when any of
+/// them is tainted (a fault in a partition is a fault of its GPU); a device that consumes no
+/// counter set is one on its own.
 pub fn dra_device_counts<'a>(
     node: &str,
     slices: impl IntoIterator<Item = &'a ResourceSlice>,
@@ -365,45 +586,100 @@ pub fn dra_device_counts<'a>(
         .filter(|slice| slice.spec.node_name.as_deref() == Some(node))
         .filter(|slice| drivers.contains(&slice.spec.driver))
         .collect();
-    let mut newest: std::collections::BTreeMap<(&str, &str), i64> = Default::default();
+    let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for slice in &slices {
         let pool = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
         let generation = newest.entry(pool).or_insert(slice.spec.pool.generation);
         *generation = (*generation).max(slice.spec.pool.generation);
     }
-    let mut counts: Vec<DeviceCount> = Vec::new();
+    let mut by_driver: BTreeMap<&str, PhysicalDevices> = BTreeMap::new();
     for slice in slices {
         let pool = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
         if newest.get(&pool) != Some(&slice.spec.pool.generation) {
             continue;
         }
-        let resource = format!("dra/{}", slice.spec.driver);
-        let index = match counts.iter().position(|count| count.resource == resource) {
-            Some(index) => index,
-            None => {
-                counts.push(DeviceCount {
-                    resource,
-                    capacity: 0,
-                    allocatable: 0,
-                });
-                counts.len() - 1
-            }
-        };
+        let physical = by_driver.entry(pool.0).or_default();
         for device in slice.spec.devices.iter().flatten() {
             let unusable = device
                 .taints
                 .iter()
                 .flatten()
                 .any(|taint| matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute"));
-            counts[index].capacity += 1;
-            if !unusable {
-                counts[index].allocatable += 1;
+            let sets = device
+                .consumes_counters
+                .iter()
+                .flatten()
+                .map(|consumed| (pool.1, consumed.counter_set.as_str()));
+            physical.add(unusable, sets);
+        }
+    }
+    by_driver
+        .into_iter()
+        .map(|(driver, physical)| {
+            let (capacity, unusable) = physical.count();
+            DeviceCount {
+                resource: format!("dra/{driver}"),
+                capacity,
+                allocatable: capacity - unusable,
+            }
+        })
+        .filter(|count| count.capacity > 0)
+        .collect()
+}
+
+/// Published devices grouped into physical ones: devices that consume a common counter set
+/// (by pool and name) are one (a union-find over the devices).
+#[derive(Default)]
+struct PhysicalDevices<'a> {
+    /// Per device, the device it was merged into (itself when it leads its group).
+    parent: Vec<usize>,
+    unusable: Vec<bool>,
+    /// The first device seen consuming each counter set.
+    by_set: BTreeMap<(&'a str, &'a str), usize>,
+}
+
+impl<'a> PhysicalDevices<'a> {
+    fn add(&mut self, unusable: bool, sets: impl Iterator<Item = (&'a str, &'a str)>) {
+        let device = self.parent.len();
+        self.parent.push(device);
+        self.unusable.push(unusable);
+        for set in sets {
+            match self.by_set.get(&set) {
+                Some(&other) => self.merge(device, other),
+                None => {
+                    self.by_set.insert(set, device);
+                }
             }
         }
     }
-    counts.retain(|count| count.capacity > 0);
-    counts.sort_by(|a, b| a.resource.cmp(&b.resource));
-    counts
+
+    fn leader(&mut self, mut device: usize) -> usize {
+        while self.parent[device] != device {
+            self.parent[device] = self.parent[self.parent[device]];
+            device = self.parent[device];
+        }
+        device
+    }
+
+    fn merge(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.leader(a), self.leader(b));
+        if a != b {
+            self.parent[a] = b;
+            self.unusable[b] |= self.unusable[a];
+        }
+    }
+
+    /// The physical devices, and how many of them are unusable.
+    fn count(mut self) -> (u64, u64) {
+        let (mut devices, mut unusable) = (0, 0);
+        for device in 0..self.parent.len() {
+            if self.leader(device) == device {
+                devices += 1;
+                unusable += u64::from(self.unusable[device]);
+            }
+        }
+        (devices, unusable)
+    }
 }
 
 /// The start-up hint when no node is judged although nodes publish DRA ResourceSlices: GPUs

@@ -991,3 +991,221 @@ fn a_cluster_whose_gpus_only_dra_serves_is_reported_when_nothing_is_judged() {
             .contains("gpu.nvidia.com (1 nodes, in devices.drivers, no device)")
     );
 }
+
+#[test]
+fn a_taint_removed_by_hand_starts_a_new_episode() {
+    let policy = policy();
+    let degraded = node(Some("8"), Some("7"));
+    // Tainted at 120 s after a degradation since 0; the next judgment records the taint.
+    let tainted = node_verdict(
+        &ours(degraded.clone()),
+        &policy,
+        at(130),
+        &history(Some(0), None),
+    );
+    assert_eq!(tainted.decision, TaintDecision::Tainted);
+    assert!(tainted.history.held_taint);
+
+    // Taint and annotation gone, not by gpu-guard: the clock starts again.
+    let removed = node_verdict(&degraded, &policy, at(140), &tainted.history);
+    assert_eq!(
+        removed.decision,
+        TaintDecision::Degrading { taint_at: at(260) }
+    );
+    assert_eq!(removed.history.degraded_since, Some(at(140)));
+    assert!(!removed.history.held_taint);
+    let later = node_verdict(&degraded, &policy, at(259), &removed.history);
+    assert_eq!(
+        later.decision,
+        TaintDecision::Degrading { taint_at: at(260) }
+    );
+    assert_eq!(
+        node_verdict(&degraded, &policy, at(260), &later.history).decision,
+        TaintDecision::Taint
+    );
+
+    // The taint alone removed (its annotation left behind): the same.
+    let mut stale = ours(degraded.clone());
+    stale.spec = Some(NodeSpec::default());
+    assert!(removed_by_hand(&stale, &tainted.history));
+    let removed = node_verdict(&stale, &policy, at(140), &tainted.history);
+    assert_eq!(removed.history.degraded_since, Some(at(140)));
+
+    // Never tainted: nothing was removed, the episode goes on.
+    let never = history(Some(0), None);
+    assert!(!removed_by_hand(&degraded, &never));
+    assert_eq!(
+        node_verdict(&degraded, &policy, at(140), &never).decision,
+        TaintDecision::Taint
+    );
+}
+
+#[test]
+fn vendors_of_extended_dra_and_remembered_resources() {
+    for (a, b, same) in [
+        ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb", true),
+        ("nvidia.com/gpu", "dra/gpu.nvidia.com", true),
+        ("dra/gpu.nvidia.com", "nvidia.com/mig-3g.40gb", true),
+        ("nvidia.com_gpu", "nvidia.com/mig-1g.10gb", true),
+        ("dra_gpu.nvidia.com", "nvidia.com/gpu", true),
+        ("amd.com/gpu", "dra/gpu.amd.com", true),
+        ("nvidia.com/gpu", "amd.com/gpu", false),
+        // A suffix that is not a subdomain is another vendor.
+        ("dra/gpu.notnvidia.com", "nvidia.com/gpu", false),
+        ("dra/gpu.nvidia.com", "dra/gpu.amd.com", false),
+    ] {
+        assert_eq!(same_vendor(a, b), same, "{a} / {b}");
+    }
+}
+
+/// A node moved from the device plugin to NVIDIA's DRA driver: the plugin stops, the driver's
+/// slices appear (a resource of the same vendor, new to the node): replaced, never down.
+#[test]
+fn a_dra_driver_replacing_the_device_plugin_ends_plugin_down_at_once() {
+    let policy = policy();
+    let start = node_verdict(
+        &node(Some("8"), Some("8")),
+        &policy,
+        at(0),
+        &NodeHistory::default(),
+    );
+    let stopped = node_verdict(&node(Some("8"), Some("0")), &policy, at(10), &start.history);
+    assert_eq!(stopped.plugin_down, ["nvidia.com/gpu"]);
+    let dra = vec![DeviceCount {
+        resource: "dra/gpu.nvidia.com".to_owned(),
+        capacity: 8,
+        allocatable: 8,
+    }];
+    let moved = node_verdict_with(
+        &node(Some("8"), Some("0")),
+        dra.clone(),
+        &policy,
+        at(20),
+        &stopped.history,
+    );
+    assert_eq!(moved.decision, TaintDecision::Healthy);
+    assert!(moved.plugin_down.is_empty());
+    assert_eq!(moved.forgotten.len(), 1, "{:?}", moved.forgotten);
+    assert_eq!(moved.forgotten[0].0, "nvidia.com/gpu");
+    // Still replaced while the kubelet keeps the stopped resource, and forgotten once it is 0:
+    // no second report.
+    let later = node_verdict_with(
+        &node(Some("8"), Some("0")),
+        dra.clone(),
+        &policy,
+        at(200),
+        &moved.history,
+    );
+    assert_eq!(later.decision, TaintDecision::Healthy);
+    assert!(later.forgotten.is_empty());
+    // A new episode (the taint removed by hand) keeps it replaced.
+    let removed = NodeHistory {
+        held_taint: true,
+        ..later.history.clone()
+    };
+    let after_removal = node_verdict_with(
+        &node(Some("8"), Some("0")),
+        dra.clone(),
+        &policy,
+        at(210),
+        &removed,
+    );
+    assert_eq!(after_removal.decision, TaintDecision::Healthy);
+    assert!(after_removal.plugin_down.is_empty());
+    let zero = node_verdict_with(
+        &node(Some("0"), Some("0")),
+        dra,
+        &policy,
+        at(400),
+        &later.history,
+    );
+    assert_eq!(zero.decision, TaintDecision::Healthy);
+    assert!(zero.forgotten.is_empty());
+    assert!(!zero.history.seen.contains_key("nvidia.com/gpu"));
+
+    // A stopped plugin with no newcomer stays down; so does one whose siblings were there
+    // before (a mixed-strategy node whose full GPUs all failed).
+    let mixed = |gpu: &str| {
+        let mut node = node(Some("2"), Some(gpu));
+        let status = node.status.as_mut().unwrap();
+        for quantities in [&mut status.capacity, &mut status.allocatable] {
+            quantities.as_mut().unwrap().insert(
+                "nvidia.com/mig-1g.10gb".to_owned(),
+                Quantity("42".to_owned()),
+            );
+        }
+        node
+    };
+    let before = node_verdict(&mixed("2"), &policy, at(0), &NodeHistory::default());
+    let failed = node_verdict(&mixed("0"), &policy, at(10), &before.history);
+    assert_eq!(failed.plugin_down, ["nvidia.com/gpu"]);
+    assert!(failed.forgotten.is_empty());
+}
+
+/// A slice of partitionable devices in pool `pool` of node n1: each `(name, counter sets,
+/// tainted)`.
+fn partitioned(pool: &str, devices: &[(&str, &[&str], bool)]) -> ResourceSlice {
+    let devices: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|(name, sets, tainted)| {
+            let mut device = json!({"name": name, "consumesCounters": sets
+                .iter()
+                .map(|set| json!({"counterSet": set, "counters": {"memory": {"value": "10Gi"}}}))
+                .collect::<Vec<_>>()});
+            if *tainted {
+                device["taints"] = json!([{"key": "gpu.nvidia.com/xid", "effect": "NoSchedule"}]);
+            }
+            device
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("n1-{pool}")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn dra_partitions_count_as_their_physical_gpu() {
+    let policy = Policy::embedded();
+    let gpus = |slices: &[ResourceSlice]| {
+        let counts = dra_device_counts("n1", slices, &policy);
+        assert_eq!(counts.len(), 1, "{counts:?}");
+        (counts[0].capacity, counts[0].allocatable)
+    };
+    let two = ["gpu-0-counter-set"];
+    let one = ["gpu-1-counter-set"];
+    // Whole GPUs and partitions on one counter set each: 2 GPUs; one MIG device tainted makes
+    // its GPU unusable.
+    let slice = partitioned(
+        "n1",
+        &[
+            ("gpu-0", &two, false),
+            ("gpu-0-mig-1g10gb-19-0", &two, true),
+            ("gpu-0-mig-1g10gb-19-1", &two, false),
+            ("gpu-1", &one, false),
+            ("gpu-1-mig-3g40gb-9-0", &one, false),
+        ],
+    );
+    assert_eq!(gpus(std::slice::from_ref(&slice)), (2, 1));
+    // Devices that consume no counter set (GPUs without MIG) count one each.
+    let plain = partitioned("n1", &[("gpu-0", &[], false), ("gpu-1", &[], true)]);
+    assert_eq!(gpus(&[plain]), (2, 1));
+    // A counter set name is the pool's own: the same name in two pools is two GPUs.
+    let other_pool = partitioned("n1-b", &[("gpu-0", &two, false)]);
+    assert_eq!(gpus(&[slice.clone(), other_pool]), (3, 2));
+    // A device consuming two counter sets ties them into one.
+    let bridged = partitioned(
+        "n1",
+        &[
+            ("a", &["s1"], false),
+            ("b", &["s2"], true),
+            ("ab", &["s1", "s2"], false),
+            ("c", &["s3"], false),
+        ],
+    );
+    assert_eq!(gpus(&[bridged]), (2, 1));
+}

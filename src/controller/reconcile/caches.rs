@@ -8,7 +8,9 @@ use std::time::Duration;
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus};
-use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceCounterConsumption, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -22,7 +24,9 @@ use crate::controller::pod::PodFacts;
 use crate::policy::Policy;
 
 use crate::cluster::reflector::{Reflected, Watch};
-use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL};
+use crate::wellknown::{
+    DEGRADED_OWNER_ANNOTATION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL, IGNORE_VANISHED_ANNOTATION,
+};
 
 /// The Node, device Pod, opted-in Namespace and ResourceSlice caches.
 pub struct Caches {
@@ -211,7 +215,7 @@ where
 }
 
 /// Keeps what node health reads of a ResourceSlice: driver, node, pool name and generation,
-/// and each device's name and taints.
+/// and each device's name, taints and the counter sets it consumes.
 fn slim_slice(slice: &mut ResourceSlice) {
     let full = std::mem::take(slice);
     *slice = ResourceSlice {
@@ -233,6 +237,17 @@ fn slim_slice(slice: &mut ResourceSlice) {
                     .map(|device| Device {
                         name: device.name,
                         taints: device.taints,
+                        // Which counter sets it consumes (they tie a partition to its GPU),
+                        // not how much.
+                        consumes_counters: device.consumes_counters.map(|consumed| {
+                            consumed
+                                .into_iter()
+                                .map(|consumption| DeviceCounterConsumption {
+                                    counter_set: consumption.counter_set,
+                                    counters: Default::default(),
+                                })
+                                .collect()
+                        }),
                         ..Device::default()
                     })
                     .collect()
@@ -243,9 +258,10 @@ fn slim_slice(slice: &mut ResourceSlice) {
 }
 
 /// Keeps what node decisions read and node patches need: name, uid, resourceVersion (the
-/// patches' precondition), gpu-guard's owner annotation (no other: nodes carry kilobytes of
-/// them), taints, capacity and allocatable (the device counts).
-fn keep_node_taints_devices_and_owner(node: &mut Node) {
+/// patches' precondition), gpu-guard's owner annotation and its opt-out
+/// `gpu-guard.io/ignore-vanished-resources` (no other: nodes carry kilobytes of them), taints,
+/// capacity and allocatable (the device counts).
+pub(super) fn keep_node_taints_devices_and_owner(node: &mut Node) {
     let full = std::mem::take(node);
     *node = Node {
         metadata: ObjectMeta {
@@ -253,8 +269,12 @@ fn keep_node_taints_devices_and_owner(node: &mut Node) {
             uid: full.metadata.uid,
             resource_version: full.metadata.resource_version,
             annotations: full.metadata.annotations.and_then(|mut annotations| {
-                let owner = annotations.remove_entry(DEGRADED_OWNER_ANNOTATION)?;
-                Some([owner].into())
+                let kept: std::collections::BTreeMap<String, String> =
+                    [DEGRADED_OWNER_ANNOTATION, IGNORE_VANISHED_ANNOTATION]
+                        .into_iter()
+                        .filter_map(|key| annotations.remove_entry(key))
+                        .collect();
+                (!kept.is_empty()).then_some(kept)
             }),
             ..ObjectMeta::default()
         },

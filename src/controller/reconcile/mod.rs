@@ -20,7 +20,8 @@
 //! - [`events`]: Event reasons and publishing.
 //!
 //! A pass reads the caches only; it calls the API server only to change something (or to read
-//! a node again after a conflict). In a dry run it changes nothing: its node patches, pod
+//! a node again after a conflict, or every node before the first taint of a term). Nodes it
+//! wrote or read that way are judged instead of the cached ones until the cache catches up. In a dry run it changes nothing: its node patches, pod
 //! status patches and evictions are sent with `dryRun=All` (so RBAC, admission and
 //! PodDisruptionBudgets are exercised, and nothing is stored); Events, logs and metrics say
 //! what it would have done.
@@ -146,6 +147,13 @@ pub struct Reconciler {
     bucket: TokenBucket,
     /// The first pass has said whether DRA-only GPU nodes go unjudged (once per process).
     dra_hint_logged: bool,
+    /// Nodes as this replica last wrote or read them from the API server, newer than the
+    /// node cache (which lags its own writes): judged instead of the cached node until the
+    /// cache catches up ([`node_pass::Written`]). Locked only between awaits.
+    written: std::sync::Mutex<HashMap<String, node_pass::Written>>,
+    /// The nodes are to be read fresh from the API server before this term's first taint: the
+    /// cache may not show yet what another leader did.
+    fresh_read_due: bool,
 }
 
 impl Reconciler {
@@ -190,6 +198,8 @@ impl Reconciler {
             backoff: HashMap::new(),
             bucket,
             dra_hint_logged: false,
+            written: std::sync::Mutex::default(),
+            fresh_read_due: true,
         })
     }
 
@@ -207,8 +217,9 @@ impl Reconciler {
 
     /// A new term: leadership was gained or lost, at `now`. Another replica may have acted
     /// meanwhile, so what this replica did is forgotten (marked and evicted pods, eviction
-    /// backoffs, safety-valve reports, the taints a dry run only assumed), and the gauges only
-    /// the leader reports are zeroed. What was observed is kept: the node histories (since
+    /// backoffs, safety-valve reports, the taints a dry run only assumed), the nodes are read
+    /// fresh from the API server before the term's first taint (its cache may lag the other
+    /// leader's writes), and the gauges only the leader reports are zeroed. What was observed is kept: the node histories (since
     /// when each node has been degraded or healthy, which devices it had), which a replica
     /// standing by keeps up too ([`Reconciler::observe`]), so a new leader does not restart
     /// the `degradedForSeconds` and `healthyForSeconds` clocks. Under an election the eviction
@@ -220,6 +231,7 @@ impl Reconciler {
             history.assumed_tainted = false;
         }
         self.valve_reported.clear();
+        self.fresh_read_due = true;
         self.marker.reset();
         self.evicted.clear();
         self.backoff.clear();

@@ -2,15 +2,24 @@
 //! history, and apply the decisions: add or remove gpu-guard's taint (within the safety valve),
 //! clear a stale owner annotation, report the node gauges. Hands the pod half the nodes whose
 //! degradation their pods answer for.
+//!
+//! The node cache lags the controller's own writes (a watch event arrives some time after the
+//! write it reports). A pass judges each node as this replica last wrote or read it when that
+//! is newer than the cached node ([`Written`]), as upstream controllers keep expectations of
+//! their own writes (kubernetes `pkg/controller/controller_utils.go` `ControllerExpectations`,
+//! v1.36): otherwise the next pass would count the taints of the previous one as missing, and
+//! the safety valve would let more through than `maxTaintedPercent`.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::Patch;
+use kube::api::{ListParams, Patch};
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
@@ -25,6 +34,53 @@ use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
 /// Attempts of a node taint patch that meets a conflict (someone else changed the node).
 const NODE_PATCH_ATTEMPTS: usize = 3;
 
+/// How long a node as written is preferred to a cache that does not show the write: kubernetes
+/// `ExpectationsTimeout` (`pkg/controller/controller_utils.go`, v1.36: 5 minutes), the bound
+/// upstream controllers put on waiting for their own writes to come back through a watch. A
+/// watch that delivers nothing for that long is relisted anyway.
+const WRITTEN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A node as this replica wrote it (the API server's answer to its patch) or read it (after a
+/// conflict, or the fresh read of a new term), slimmed as the cache slims it.
+pub(super) struct Written {
+    node: Arc<Node>,
+    at: Instant,
+}
+
+impl Written {
+    /// Whether `cached` is older than this node: the cache has not caught up yet.
+    fn newer_than(&self, cached: &Node, now: Instant) -> bool {
+        if now.duration_since(self.at) >= WRITTEN_TIMEOUT {
+            return false;
+        }
+        let (Some(written), Some(cached)) = (
+            self.node.metadata.resource_version.as_deref(),
+            cached.metadata.resource_version.as_deref(),
+        ) else {
+            return false;
+        };
+        match compare_resource_versions(cached, written) {
+            Some(order) => order == Ordering::Less,
+            // Not comparable (an API server older than v1.35): the cache has caught up when
+            // it shows this very version.
+            None => cached != written,
+        }
+    }
+}
+
+/// Orders two resourceVersions of the same resource: comparable since Kubernetes v1.35
+/// (KEP-5504, stable; k8s.io/apimachinery `pkg/util/resourceversion` `CompareResourceVersion`,
+/// v0.35): positive integers without leading zeros, compared as numbers of any length. `None`
+/// when either is not of that form.
+fn compare_resource_versions(a: &str, b: &str) -> Option<Ordering> {
+    let valid = |version: &str| {
+        !version.is_empty()
+            && !version.starts_with('0')
+            && version.bytes().all(|byte| byte.is_ascii_digit())
+    };
+    (valid(a) && valid(b)).then(|| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+}
+
 impl Reconciler {
     /// Judges every node of the caches at `now` against its history, forgets the histories of
     /// nodes that are gone, and returns the verdicts (sorted by name) and how many are GPU
@@ -34,7 +90,7 @@ impl Reconciler {
         caches: &Caches,
         now: Timestamp,
     ) -> (Vec<(Arc<Node>, NodeVerdict)>, usize) {
-        let mut nodes = caches.nodes.state();
+        let mut nodes = self.freshest(caches.nodes.state());
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
         let mut verdicts: Vec<(Arc<Node>, NodeVerdict)> = Vec::with_capacity(nodes.len());
@@ -89,7 +145,30 @@ impl Reconciler {
         now: Timestamp,
         report: &mut PassReport,
     ) -> Result<HashMap<String, NodeState>, Stop> {
-        let (verdicts, gpu_nodes) = self.judge_nodes(caches, now);
+        let (mut verdicts, mut gpu_nodes) = self.judge_nodes(caches, now);
+        // The first taint of a term counts what the API server holds, not what the cache has
+        // seen so far: another leader may have tainted nodes moments ago.
+        let mut may_add = true;
+        if self.fresh_read_due
+            && self.policy.controller.node_health.enabled
+            && verdicts
+                .iter()
+                .any(|(_, verdict)| verdict.decision == TaintDecision::Taint)
+        {
+            match self.read_nodes().await {
+                Ok(()) => {
+                    self.fresh_read_due = false;
+                    (verdicts, gpu_nodes) = self.judge_nodes(caches, now);
+                }
+                Err(error) => {
+                    may_add = false;
+                    self.metrics.reconcile_errors.inc();
+                    tracing::warn!(%error, "cannot read the nodes; no taint is added until they \
+                        are read (the cache may not show another leader's taints yet)");
+                    report.errors.push(format!("nodes: {error}"));
+                }
+            }
+        }
         let mut tainted = verdicts
             .iter()
             .filter(|(node, verdict)| {
@@ -102,6 +181,10 @@ impl Reconciler {
             let name = node.metadata.name.clone().unwrap_or_default();
             let mut holds_taint =
                 ownership(&node) == Ownership::Ours || verdict.history.assumed_tainted;
+            for (resource, why) in &verdict.forgotten {
+                self.metrics.vanished_forgotten.inc();
+                tracing::info!(node = %name, %resource, "{why}: no longer judged device plugin down");
+            }
             if node::stale_annotation(&node) {
                 let cleared = self.clear_stale_annotation(&node).await;
                 self.settle(Write::ClearAnnotation(&name), cleared, report)?;
@@ -111,6 +194,7 @@ impl Reconciler {
                     tracing::debug!(node = %name, seen = %verdict.describe_degraded(),
                         "node degraded; tainting is disabled (controller.nodeHealth.enabled)");
                 }
+                TaintDecision::Taint if !may_add => {}
                 TaintDecision::Taint if !node::may_taint(gpu_nodes, tainted, &self.policy) => {
                     report.valve_held.push(name.clone());
                     if self.valve_reported.insert(name.clone()) {
@@ -135,13 +219,24 @@ impl Reconciler {
                 }
                 TaintDecision::Taint => {
                     let added = self.add_taint(&node, &verdict, now).await;
-                    if self.settle(Write::Taint(&name), added, report)? == Some(true) {
-                        self.valve_reported.remove(&name);
-                        tainted += 1;
-                        holds_taint = true;
-                        verdict.history.assumed_tainted = self.dry_run();
-                        self.metrics.taints_added.inc();
-                        report.tainted.push(name.clone());
+                    match self.settle(Write::Taint(&name), added, report)? {
+                        Some(true) => {
+                            self.valve_reported.remove(&name);
+                            tainted += 1;
+                            holds_taint = true;
+                            verdict.history.assumed_tainted = self.dry_run();
+                            verdict.history.held_taint = !self.dry_run();
+                            self.metrics.taints_added.inc();
+                            report.tainted.push(name.clone());
+                        }
+                        // Read again after a conflict: it holds gpu-guard's taint already (this
+                        // replica's write the cache has not shown yet, or another leader's).
+                        Some(false) if self.written_ownership(&name) == Some(Ownership::Ours) => {
+                            tainted += 1;
+                            holds_taint = true;
+                            verdict.history.held_taint = true;
+                        }
+                        Some(false) | None => {}
                     }
                 }
                 TaintDecision::Untaint => {
@@ -354,12 +449,19 @@ impl Reconciler {
                 .patch(&name, &self.patch_params(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => return Ok(true),
+                Ok(written) => {
+                    // A dry run's answer is what would have been stored: nothing was.
+                    if !self.dry_run() {
+                        self.remember(written);
+                    }
+                    return Ok(true);
+                }
                 Err(kube::Error::Api(status))
                     if status.is_conflict() && attempt < NODE_PATCH_ATTEMPTS =>
                 {
                     tracing::debug!(node = %name, attempt, "node changed meanwhile; reading it again");
                     current = api.get(&name).await?;
+                    self.remember(current.clone());
                     attempt += 1;
                 }
                 Err(error) => return Err(error.into()),
@@ -368,11 +470,81 @@ impl Reconciler {
     }
 }
 
-/// The history of a node whose taint is gone: a new episode starts, but the device resources
-/// seen on it are remembered (a plugin that vanishes later is still "plugin down").
+impl Reconciler {
+    /// Keeps `node`, as just written or read from the API server, to be judged instead of the
+    /// cached node until the cache shows it (or something newer).
+    fn remember(&self, mut node: Node) {
+        let Some(name) = node.metadata.name.clone() else {
+            return;
+        };
+        super::caches::keep_node_taints_devices_and_owner(&mut node);
+        let written = Written {
+            node: Arc::new(node),
+            at: Instant::now(),
+        };
+        self.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name, written);
+    }
+
+    /// Who owns the node's taint by what this replica last wrote or read of it.
+    fn written_ownership(&self, name: &str) -> Option<Ownership> {
+        let written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        written.get(name).map(|written| ownership(&written.node))
+    }
+
+    /// The cached nodes, each replaced by what this replica wrote or read of it when that is
+    /// newer. What the cache has caught up with, and the nodes it no longer holds, are
+    /// forgotten.
+    fn freshest(&self, cached: Vec<Arc<Node>>) -> Vec<Arc<Node>> {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        if written.is_empty() {
+            return cached;
+        }
+        let now = Instant::now();
+        let mut fresh = Vec::with_capacity(cached.len());
+        let mut kept = HashMap::new();
+        for node in cached {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            match written.remove(&name) {
+                Some(newer) if newer.newer_than(&node, now) => {
+                    fresh.push(newer.node.clone());
+                    kept.insert(name, newer);
+                }
+                _ => fresh.push(node),
+            }
+        }
+        *written = kept;
+        fresh
+    }
+
+    /// Reads every node from the API server (a consistent read, in pages of 500 as the
+    /// reflectors list), to be judged instead of the cached nodes where newer.
+    async fn read_nodes(&self) -> Result<(), kube::Error> {
+        let api = Api::<Node>::all(self.client.clone());
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = api.list(&params).await?;
+            for node in page.items {
+                self.remember(node);
+            }
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return Ok(()),
+            }
+        }
+    }
+}
+
+/// The history of a node whose taint is gone: a new episode starts, but what is known of its
+/// device resources stays: those seen on it (a plugin that vanishes later is still "plugin
+/// down"), since when each has been gone, and those replaced by others.
 fn forget_episode(history: NodeHistory) -> NodeHistory {
     NodeHistory {
         seen: history.seen,
+        vanished_since: history.vanished_since,
+        replaced: history.replaced,
         ..NodeHistory::default()
     }
 }

@@ -2253,3 +2253,55 @@ fn a_policy_file_is_read_within_bounds() {
     let out = run(gpu_guard().arg("policy").arg("check").arg(&deep)).expect_code(1);
     assert!(out.stderr.contains("devices.names[0]"), "{}", out.stderr);
 }
+
+// === manifests as they come: block scalars at the end of a document ===
+
+#[test]
+fn block_scalars_at_the_end_of_a_document_keep_their_line_breaks_exactly() {
+    // A ConfigMap of scripts ending in a literal block before `---`, a GPU Job whose last
+    // field is a folded command, and a last ConfigMap ending in `|+` with no final newline:
+    // the shapes of embedded scripts in real repositories. libyaml (here serde_norway's
+    // copy of it, as kubectl's go-yaml) reads "exit 0" without a line break at the very end.
+    let text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: scripts\ndata:\n  \
+                 entry.sh: |\n    #!/bin/sh\n    exec python train.py\n---\n\
+                 apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\nspec:\n  template:\n    \
+                 spec:\n      restartPolicy: Never\n      containers:\n      - name: main\n        \
+                 image: registry.example/train:1.0\n        resources:\n          limits:\n            \
+                 nvidia.com/gpu: 1\n        args:\n        - >\n          python train.py\n          \
+                 --epochs 3\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: tail\ndata:\n  \
+                 keep.sh: |+\n    echo done\n    exit 0";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("scripts.yaml");
+    std::fs::write(&path, text).unwrap();
+    let inputs = yaml_documents(text);
+    assert_eq!(inputs[2]["data"]["keep.sh"], "echo done\nexit 0");
+
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    let outputs = yaml_documents(&out.stdout);
+    assert_eq!(outputs.len(), 3, "{}", out.stdout);
+    assert_same_document(&outputs[0], &inputs[0], "the ConfigMap before ---");
+    assert_same_document(&outputs[2], &inputs[2], "the last ConfigMap");
+    let args = &outputs[1]["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args, &json!(["python train.py --epochs 3\n"]));
+    assert!(outputs[1]["spec"]["podFailurePolicy"].is_object());
+
+    // Only the Job changes, so the diff touches the Job alone.
+    let out = run(gpu_guard().args(["mutate", "--diff", "-f"]).arg(&path)).expect_code(1);
+    assert!(!out.stdout.contains("exit 0"), "{}", out.stdout);
+    let without_job = dir.path().join("config-maps.yaml");
+    let config_maps = text.replace(
+        &text[text.find("---\napiVersion: batch/v1").unwrap()..text.rfind("---\n").unwrap()],
+        "",
+    );
+    std::fs::write(&without_job, &config_maps).unwrap();
+    let out = run(gpu_guard()
+        .args(["mutate", "--diff", "-f"])
+        .arg(&without_job))
+    .expect_code(0);
+    assert_eq!(
+        out.stdout, "",
+        "no diff for documents gpu-guard does not mutate"
+    );
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&without_job)).expect_code(0);
+    assert_eq!(yaml_documents(&out.stdout), yaml_documents(&config_maps));
+}

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
+#[cfg(test)]
+mod libyaml_cases;
 mod read;
 mod split;
 mod write;

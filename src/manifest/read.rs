@@ -56,12 +56,62 @@ fn excessive_aliasing(alias_nodes: usize, decoded_nodes: usize) -> bool {
 /// Reads every document of a YAML text (usually one: the splitter cuts at `---`; several when
 /// `...` ends one and another follows). Empty documents are dropped. The first error ends the
 /// reading: the text is then one unreadable document.
+///
+/// Block scalars (`|`, `>`) are read as libyaml reads them (go-yaml, under kubectl, is its
+/// port), where yaml-rust2 0.13 differs at the end of its input: it adds a line break to a last
+/// line that has none (`a: |` then `  hello` at the end of a file is `"hello\n"`, libyaml says
+/// `"hello"`), and reads an empty block scalar that ends the input as `"\n"`. The splitter
+/// hands each document over as its own input, so both happen at the end of every document
+/// that ends in a block scalar, not only at the end of a file. A text that ends in a line break
+/// is therefore read with a `...` line after it: yaml-rust2 and libyaml agree on every block
+/// scalar that does not run to the end of the input. A text whose last line has no break
+/// (the last document of a file without a final newline) is read as if it had one; that
+/// differs from libyaml only in the block scalar that holds the last line, whose value then
+/// loses one line break, which [`without_final_break`] decides.
 pub fn read_yaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
+    if text.is_empty() || text.ends_with(['\n', '\r']) {
+        return Ok(read_events(text, "...\n", bounds, None)?.documents);
+    }
+    let read = read_events(text, "\n...\n", bounds, None)?;
+    match read.final_block_scalar {
+        Some(last) if without_final_break(text, &read.documents, bounds) => {
+            Ok(read_events(text, "\n...\n", bounds, Some(last))?.documents)
+        }
+        _ => Ok(read.documents),
+    }
+}
+
+/// Whether the block scalar that ends `text` (no line break after its last line, `documents`
+/// read as if there were one) takes its last line break from that missing one, so that libyaml
+/// reads it with one line break less. It does when the last line is part of the scalar and
+/// either holds content (clip chomping keeps the break after the last content line, and
+/// there is none) or the scalar keeps its trailing breaks (`|+`: one break fewer). Both are
+/// asked of yaml-rust2 on texts that end in a break, where it agrees with libyaml: with a
+/// blank line more, a scalar that keeps breaks changes; without the last line, a scalar whose
+/// content it was changes. A last line that is a comment, `...`, or blank in a clipped
+/// scalar changes neither.
+fn without_final_break(text: &str, documents: &[Value], bounds: Bounds) -> bool {
+    let differs = |text: &str, suffix: &str| {
+        read_events(text, suffix, bounds, None).is_ok_and(|read| read.documents != documents)
+    };
+    let before_last_line = text.rfind(['\n', '\r']).map_or(0, |at| at + 1);
+    differs(text, "\n\n...\n") || differs(&text[..before_last_line], "...\n")
+}
+
+/// The events of `text` followed by `suffix`, built into documents; `trim`: the block scalar
+/// (counted from 0 in the text) that loses one final line break.
+fn read_events(
+    text: &str,
+    suffix: &str,
+    bounds: Bounds,
+    trim: Option<usize>,
+) -> Result<Read, ReadError> {
     let mut builder = Builder {
         bounds,
+        trim_block_scalar: trim,
         ..Builder::default()
     };
-    let mut parser = Parser::new_from_str(text);
+    let mut parser = Parser::new(text.chars().chain(suffix.chars()));
     loop {
         let (event, marker) = parser.next_token().map_err(|error| ReadError {
             line: error.marker().line(),
@@ -72,11 +122,20 @@ pub fn read_yaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
         }
         builder.on_event(event, marker)?;
     }
-    Ok(builder
-        .documents
-        .into_iter()
-        .filter(|document| !document.is_null())
-        .collect())
+    Ok(Read {
+        documents: builder
+            .documents
+            .into_iter()
+            .filter(|document| !document.is_null())
+            .collect(),
+        final_block_scalar: builder.final_block_scalar,
+    })
+}
+
+/// The documents of a text, and the block scalar that ends it with a line break, if one does.
+struct Read {
+    documents: Vec<Value>,
+    final_block_scalar: Option<usize>,
 }
 
 /// yaml-rust2's message, said for people: a tab at fault is named as a tab, and the scanner's
@@ -147,6 +206,12 @@ struct Builder {
     decoded_nodes: usize,
     alias_nodes: usize,
     alias_bytes: usize,
+    /// Block scalars read so far.
+    block_scalars: usize,
+    /// The last node read, when it is a block scalar ending in a line break: its number.
+    final_block_scalar: Option<usize>,
+    /// The block scalar that loses one final line break ([`read_yaml`]).
+    trim_block_scalar: Option<usize>,
 }
 
 impl Default for Bounds {
@@ -262,7 +327,17 @@ impl Builder {
 
     fn on_event(&mut self, event: Event, marker: Marker) -> Result<(), ReadError> {
         match event {
-            Event::Scalar(text, style, anchor, tag) => {
+            Event::Scalar(mut text, style, anchor, tag) => {
+                if matches!(style, TScalarStyle::Literal | TScalarStyle::Folded) {
+                    let number = self.block_scalars;
+                    self.block_scalars += 1;
+                    if self.trim_block_scalar == Some(number) {
+                        text.pop();
+                    }
+                    self.final_block_scalar = text.ends_with('\n').then_some(number);
+                } else {
+                    self.final_block_scalar = None;
+                }
                 let plain = style == TScalarStyle::Plain;
                 let value = resolve(&text, plain, tag.as_ref());
                 let size = Size {
@@ -274,6 +349,7 @@ impl Builder {
                 self.push(value, size, Some((text, plain)), marker)?;
             }
             Event::Alias(anchor) => {
+                self.final_block_scalar = None;
                 let Some((value, size)) = self.anchors.get(&anchor) else {
                     return Err(error(marker, "an alias to an unknown anchor"));
                 };

@@ -263,19 +263,41 @@ fn found_in_words(found: &str) -> String {
 
 /// When a YAML syntax error at 1-based `line` and `column` of `source` is a tab (at that
 /// position, or in the indentation before it on that line), what to say instead of the
-/// parser's "found character that cannot start any token": YAML indents with spaces only.
+/// parser's "found character that cannot start any token": YAML indentation is spaces only.
 pub fn tab_message(source: &str, line: usize, column: usize) -> Option<String> {
-    let text = source.lines().nth(line.checked_sub(1)?)?;
-    let at = text.chars().nth(column.checked_sub(1)?);
-    let tab_column = if at == Some('\t') {
-        column
-    } else {
-        let indentation = text.chars().take_while(|c| c.is_whitespace()).count();
-        text.chars().take(indentation).position(|c| c == '\t')? + 1
-    };
+    let tab_column = tab_at(source, line, column)?;
     Some(format!(
         "a tab character at line {line}, column {tab_column}: YAML indentation must use spaces"
     ))
+}
+
+/// The 1-based column of the tab at `line` and `column` of `source`, or of the first tab in
+/// the indentation of that line.
+pub fn tab_at(source: &str, line: usize, column: usize) -> Option<usize> {
+    let text = source.lines().nth(line.checked_sub(1)?)?;
+    if text.chars().nth(column.checked_sub(1)?) == Some('\t') {
+        return Some(column);
+    }
+    indentation_tab(text)
+}
+
+/// The first tab in the indentation of a line from `line` (1-based) on: where a YAML error
+/// about a tab is, when the parser names the node the tab broke (a plain scalar names the
+/// line it began on, the tab is on a line after it). Its line and column, 1-based.
+pub fn tab_from(source: &str, line: usize) -> Option<(usize, usize)> {
+    source
+        .lines()
+        .enumerate()
+        .skip(line.checked_sub(1)?)
+        .find_map(|(number, text)| indentation_tab(text).map(|column| (number + 1, column)))
+}
+
+/// The 1-based column of the first tab in a line's indentation (its leading blanks).
+fn indentation_tab(line: &str) -> Option<usize> {
+    line.chars()
+        .take_while(|c| *c == ' ' || *c == '\t')
+        .position(|c| c == '\t')
+        .map(|at| at + 1)
 }
 
 #[cfg(test)]
@@ -437,5 +459,18 @@ mod tests {
         assert_eq!(tab_message("a: [\n", 2, 1), None);
         assert_eq!(tab_message("a: b: c\n", 1, 5), None);
         assert_eq!(tab_message("", 0, 0), None);
+    }
+
+    #[test]
+    fn a_tab_is_found_on_the_line_after_the_node_it_broke() {
+        let source = "metadata:\n  name: train\n  labels: {a: b}\n\tnamespace: ml\n";
+        assert_eq!(tab_from(source, 2), Some((4, 1)));
+        assert_eq!(tab_from("a: 1\n  \t  b: 2\n", 1), Some((2, 3)));
+        assert_eq!(
+            tab_from("a: 1\nb: \tx\n", 1),
+            None,
+            "not in the indentation"
+        );
+        assert_eq!(tab_from("\ta: 1\n", 2), None, "only from the line given");
     }
 }

@@ -2305,3 +2305,39 @@ fn block_scalars_at_the_end_of_a_document_keep_their_line_breaks_exactly() {
     let out = run(gpu_guard().arg("mutate").arg("-f").arg(&without_job)).expect_code(0);
     assert_eq!(yaml_documents(&out.stdout), yaml_documents(&config_maps));
 }
+
+#[test]
+fn a_tab_is_reported_on_the_line_it_is_on() {
+    // A GPU Job whose env entry was indented with a tab on line 24, after a plain scalar
+    // (which the YAML parser reports where it began, line 23).
+    let mut lines: Vec<String> = read(&fixture("gpu-job.yaml"))
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.extend(
+        [
+            "          env:",
+            "          - name: EPOCHS",
+            "            value: \"3\"",
+            "          - name: DATA_DIR",
+            "            value: /data",
+            "\t          - name: LOG_LEVEL",
+        ]
+        .map(str::to_owned),
+    );
+    assert_eq!(lines[23], "\t          - name: LOG_LEVEL");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.yaml");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    for command in ["mutate", "check"] {
+        let out = run(gpu_guard().arg(command).arg("-f").arg(&path)).expect_code(2);
+        assert!(
+            out.stderr.contains(
+                "job.yaml: document 0, line 24: a tab character at column 1: YAML \
+                 indentation must use spaces"
+            ),
+            "{command}: {}",
+            out.stderr
+        );
+    }
+}

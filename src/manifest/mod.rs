@@ -655,6 +655,79 @@ mod tests {
     }
 
     #[test]
+    fn a_tab_in_the_indentation_is_reported_on_its_own_line_of_the_file() {
+        let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\nspec:\n  \
+                   template:\n    spec:\n      containers:\n      - name: main\n        \
+                   image: train:1\n";
+        let config_map = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: scripts\ndata:\n  \
+                          run.sh: |\n    echo hello\n";
+        // (text, document, line of the tab, column)
+        let cases = [
+            (format!("\t{job}"), 0, 1, 1),
+            (format!("\n\n  \t{job}"), 0, 3, 3),
+            // After a plain scalar, which yaml-rust2 reports where the scalar began.
+            (
+                job.replace("  name: train\n", "  name: train\n\tnamespace: ml\n"),
+                0,
+                5,
+                1,
+            ),
+            (format!("{job}\tbackoffLimit: 1"), 0, 11, 1),
+            (format!("{job}        \tenv: []\n"), 0, 11, 9),
+            (format!("{config_map}\tother: x\n"), 0, 8, 1),
+            (
+                format!("{job}---\n{}", job.replace("  template:", "\ttemplate:")),
+                1,
+                17,
+                1,
+            ),
+            (
+                format!(
+                    "{config_map}---\n{job}---\n{}",
+                    job.replace("      - name", "\t    - name")
+                ),
+                2,
+                28,
+                1,
+            ),
+        ];
+        for (text, document, line, column) in cases {
+            let (documents, errors) = parse(&text, "x.yaml");
+            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            assert_eq!(
+                errors,
+                [format!(
+                    "x.yaml: document {document}, line {line}: a tab character at column \
+                     {column}: YAML indentation must use spaces"
+                )],
+                "{text:?}"
+            );
+            assert_eq!(
+                documents.len(),
+                document,
+                "the documents before it are read"
+            );
+        }
+        // Tabs that are content or allowed space are not errors.
+        let (documents, errors) = parse(
+            "data:\n  Makefile: |\n    all:\n    \tgcc -o x x.c\n  list: [a,\n   \tb]\n",
+            "x.yaml",
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            documents[0].value["data"],
+            json!({"Makefile": "all:\n\tgcc -o x x.c\n", "list": ["a", "b"]})
+        );
+    }
+
+    #[test]
+    fn blanks_before_the_first_line_are_part_of_the_yaml() {
+        let (documents, errors) = parse("\n  a: 1\n  b: 2\n", "x.yaml");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(documents[0].value, json!({"a": 1, "b": 2}));
+    }
+
+    #[test]
     fn json_streams_are_read() {
         let (documents, errors) = parse("{\"a\": 1}\n{\"b\": 2}", "x.json");
         assert!(errors.is_empty());

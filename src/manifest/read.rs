@@ -69,6 +69,17 @@ fn excessive_aliasing(alias_nodes: usize, decoded_nodes: usize) -> bool {
 /// differs from libyaml only in the block scalar that holds the last line, whose value then
 /// loses one line break, which [`without_final_break`] decides.
 pub fn read_yaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
+    let read = read_block_scalars_as_libyaml(text, bounds);
+    // libyaml stops at such a tab; what yaml-rust2 finds wrong after it follows from it.
+    match (read, tab_before_a_node(text)) {
+        (Err(error), Some(tab)) if tab.line > error.line => Err(error),
+        (_, Some(tab)) => Err(tab),
+        (read, None) => read,
+    }
+}
+
+/// [`read_yaml`] without its check of tabs.
+fn read_block_scalars_as_libyaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
     if text.is_empty() || text.ends_with(['\n', '\r']) {
         return Ok(read_events(text, "...\n", bounds, None)?.documents);
     }
@@ -113,10 +124,9 @@ fn read_events(
     };
     let mut parser = Parser::new(text.chars().chain(suffix.chars()));
     loop {
-        let (event, marker) = parser.next_token().map_err(|error| ReadError {
-            line: error.marker().line(),
-            message: scan_message(text, error.marker(), error.info()),
-        })?;
+        let (event, marker) = parser
+            .next_token()
+            .map_err(|error| scan_error(text, error.marker(), error.info()))?;
         if event == Event::StreamEnd {
             break;
         }
@@ -138,20 +148,94 @@ struct Read {
     final_block_scalar: Option<usize>,
 }
 
-/// yaml-rust2's message, said for people: a tab at fault is named as a tab, and the scanner's
-/// flow limit is named as a limit.
-fn scan_message(text: &str, marker: &Marker, info: &str) -> String {
+/// yaml-rust2's error, said for people: a tab at fault is named as a tab, on its own line (a
+/// plain scalar broken by a tab is reported where the scalar began), and the scanner's flow
+/// limit is named as a limit.
+fn scan_error(text: &str, marker: &Marker, info: &str) -> ReadError {
     if info == "recursion limit exceeded" {
         // yaml-rust2 counts flow levels in a byte.
-        return "nested deeper than 255 levels of [ ] and { } (the YAML scanner's limit)"
-            .to_owned();
+        return error(
+            *marker,
+            "nested deeper than 255 levels of [ ] and { } (the YAML scanner's limit)",
+        );
     }
-    if (info.contains("token") || info.contains("tab"))
-        && let Some(message) = crate::decode::tab_message(text, marker.line(), marker.col() + 1)
-    {
-        return message;
+    let tab = if info.contains("tab") || info.contains("token") {
+        crate::decode::tab_at(text, marker.line(), marker.col() + 1)
+            .map(|column| (marker.line(), column))
+            .or_else(|| {
+                // Only an error about a tab is looked for further.
+                info.contains("tab")
+                    .then(|| crate::decode::tab_from(text, marker.line() + 1))
+                    .flatten()
+            })
+    } else {
+        None
+    };
+    match tab {
+        Some((line, column)) => tab_error(line, column),
+        None => error(*marker, info),
     }
-    info.to_owned()
+}
+
+/// A tab where YAML wants spaces, at `line` (of the text read) and `column`.
+fn tab_error(line: usize, column: usize) -> ReadError {
+    ReadError {
+        line,
+        message: format!("a tab character at column {column}: YAML indentation must use spaces"),
+    }
+}
+
+/// A tab in the indentation before a node in block context (`\tname: x`), which libyaml and
+/// so kubectl refuse ("found character that cannot start any token") and yaml-rust2 reads.
+/// Tabs inside block scalars, quoted scalars and flow collections (`[`, `{`) are content or
+/// allowed space there, and pass. Costs a scan only for a text with a tab in the
+/// indentation of some line.
+fn tab_before_a_node(text: &str) -> Option<ReadError> {
+    use yaml_rust2::scanner::{Scanner, TokenType};
+    let indented_by_tab = memchr::memchr_iter(b'\t', text.as_bytes()).any(|at| {
+        let line_start = text[..at].rfind('\n').map_or(0, |newline| newline + 1);
+        text.as_bytes()[line_start..at]
+            .iter()
+            .all(|byte| *byte == b' ')
+    });
+    if !indented_by_tab {
+        return None;
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let mut flow_level = 0usize;
+    for token in Scanner::new(text.chars()) {
+        let starts_node = match token.1 {
+            TokenType::FlowSequenceStart | TokenType::FlowMappingStart => {
+                flow_level += 1;
+                flow_level == 1
+            }
+            TokenType::FlowSequenceEnd | TokenType::FlowMappingEnd => {
+                flow_level = flow_level.saturating_sub(1);
+                false
+            }
+            TokenType::Scalar(..)
+            | TokenType::Alias(_)
+            | TokenType::Anchor(_)
+            | TokenType::Tag(..)
+            | TokenType::BlockEntry
+            | TokenType::Key => flow_level == 0,
+            _ => false,
+        };
+        if !starts_node {
+            continue;
+        }
+        let marker = token.0;
+        let Some(line) = marker.line().checked_sub(1).and_then(|at| lines.get(at)) else {
+            continue;
+        };
+        let before: String = line.chars().take(marker.col()).collect();
+        if before.chars().all(|c| c == ' ' || c == '\t')
+            && let Some(column) = before.find('\t')
+        {
+            return Some(tab_error(marker.line(), column + 1));
+        }
+    }
+    None
 }
 
 enum Frame {
@@ -668,8 +752,9 @@ mod tests {
     #[test]
     fn a_tab_is_named_as_a_tab() {
         let error = read_yaml("a:\n\tb: 1\n", Bounds::default()).unwrap_err();
+        assert_eq!(error.line, 2, "{error:?}");
         assert!(
-            error.message.contains("tab character at line 2"),
+            error.message.starts_with("a tab character at column 1:"),
             "{error:?}"
         );
     }

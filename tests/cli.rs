@@ -2341,3 +2341,32 @@ fn a_tab_is_reported_on_the_line_it_is_on() {
         );
     }
 }
+
+#[test]
+fn a_key_defined_twice_makes_the_document_unreadable_with_both_lines_named() {
+    // A GPU Job with `containers` written twice (a merge gone wrong): kubectl's strict
+    // decoding reports it and kustomize refuses it; reading on would keep the second list
+    // silently. The document is unreadable, written through as it came, and the next is
+    // still mutated.
+    let broken = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: twice\nspec:\n  \
+                  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      \
+                  - name: main\n        image: registry.example/train:1.0\n        \
+                  resources:\n          limits:\n            nvidia.com/gpu: 1\n      \
+                  containers:\n      - name: sidecar\n        image: registry.example/log:1\n";
+    let text = format!("{broken}---\n{}", read(&fixture("gpu-job.yaml")));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let expected = "jobs.yaml: document 0, line 15: spec.template.spec: mapping key \
+                    \"containers\" already defined at line 9";
+
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(expected), "{}", out.stderr);
+    assert!(out.stdout.starts_with(broken), "{}", out.stdout);
+    let outputs = yaml_documents(&out.stdout[broken.len()..]);
+    assert_eq!(name_of(&outputs[0]), "train");
+    assert_device_job_spec(&outputs[0]["spec"], &["main"]);
+
+    let out = run(gpu_guard().arg("check").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(expected), "{}", out.stderr);
+}

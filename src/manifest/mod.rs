@@ -251,7 +251,13 @@ impl Documents {
                     // An error at the end of the text is on its last line, not the next.
                     let last = raw.line + text.trim_end().lines().count().saturating_sub(1);
                     let line = raw.line + error.line.saturating_sub(1);
-                    (line.min(last), error.message)
+                    let message = match error.defined_at {
+                        Some(first) => {
+                            format!("{} at line {}", error.message, raw.line + first - 1)
+                        }
+                        None => error.message,
+                    };
+                    (line.min(last), message)
                 })
             }
         }

@@ -19,6 +19,9 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 pub struct ReadError {
     pub line: usize,
     pub message: String,
+    /// For a key defined twice, the line (in the text given) of its first definition: the
+    /// message ends "already defined", for the reader of the whole input to say where.
+    pub defined_at: Option<usize>,
 }
 
 /// The bounds a document is read within.
@@ -181,6 +184,7 @@ fn scan_error(text: &str, marker: &Marker, info: &str) -> ReadError {
 fn tab_error(line: usize, column: usize) -> ReadError {
     ReadError {
         line,
+        defined_at: None,
         message: format!("a tab character at column {column}: YAML indentation must use spaces"),
     }
 }
@@ -246,6 +250,9 @@ enum Frame {
     },
     Mapping {
         entries: Map<String, Value>,
+        /// The line of each entry's key, in the order of `entries`; `None` for an entry that
+        /// came from a `<<` merge (a key written after it may override it).
+        key_lines: Vec<Option<usize>>,
         /// The key waiting for its value; `None` when the next node is a key.
         key: Option<Key>,
         anchor: usize,
@@ -254,8 +261,24 @@ enum Frame {
 }
 
 enum Key {
-    Text(String),
+    /// A key and its line.
+    Text {
+        name: String,
+        line: usize,
+        /// The position of the merged entry it overrides, if it does.
+        overrides: Option<usize>,
+    },
     Merge,
+}
+
+impl Key {
+    fn text(name: String, line: usize) -> Self {
+        Key::Text {
+            name,
+            line,
+            overrides: None,
+        }
+    }
 }
 
 /// How much a node holds, counted as go-yaml counts decoded nodes.
@@ -311,6 +334,7 @@ fn error(marker: Marker, message: impl Into<String>) -> ReadError {
     ReadError {
         line: marker.line(),
         message: message.into(),
+        defined_at: None,
     }
 }
 
@@ -328,6 +352,7 @@ impl Builder {
             self.documents.push(value);
             return Ok(());
         };
+        let mut defined_twice = None;
         match frame {
             Frame::Sequence {
                 items, size: total, ..
@@ -337,20 +362,22 @@ impl Builder {
             }
             Frame::Mapping {
                 entries,
+                key_lines,
                 key,
                 size: total,
                 ..
             } => {
                 total.add(size);
+                let line = marker.line();
                 match key.take() {
                     None => {
                         // Keys resolve like values and become strings, as sigs.k8s.io/yaml
                         // makes them: `yes:` is "true", `0755:` is "493".
-                        *key = Some(match (key_text, value) {
+                        let mut new = match (key_text, value) {
                             (Some((text, true)), _) if text == "<<" => Key::Merge,
-                            (_, Value::String(text)) => Key::Text(text),
-                            (_, Value::Bool(flag)) => Key::Text(flag.to_string()),
-                            (_, Value::Number(number)) => Key::Text(number.to_string()),
+                            (_, Value::String(text)) => Key::text(text, line),
+                            (_, Value::Bool(flag)) => Key::text(flag.to_string(), line),
+                            (_, Value::Number(number)) => Key::text(number.to_string(), line),
                             (_, Value::Null) => return Err(error(marker, "a null mapping key")),
                             (_, _) => {
                                 return Err(error(
@@ -358,20 +385,44 @@ impl Builder {
                                     "a mapping or list as a mapping key cannot be JSON",
                                 ));
                             }
-                        });
+                        };
+                        // A key written twice is refused, as kubectl's strict decoding and
+                        // kustomize refuse it; a key that overrides one merged in by `<<` is
+                        // what merge keys are for.
+                        if let Key::Text {
+                            name, overrides, ..
+                        } = &mut new
+                            && entries.contains_key(name.as_str())
+                            && let Some(at) = entries.keys().position(|written| written == name)
+                        {
+                            match key_lines[at] {
+                                Some(first) => defined_twice = Some((name.clone(), first)),
+                                None => *overrides = Some(at),
+                            }
+                        }
+                        *key = Some(new);
                     }
-                    Some(Key::Text(name)) => {
+                    Some(Key::Text {
+                        name,
+                        line,
+                        overrides,
+                    }) => {
+                        match overrides {
+                            // A merged entry, overridden in its place.
+                            Some(at) => key_lines[at] = Some(line),
+                            None => key_lines.push(Some(line)),
+                        }
                         entries.insert(name, value);
                     }
                     // go-yaml v2 merges where `<<` stands: it overwrites keys written before
                     // it, keys after it overwrite the merged ones, and of several sources the
                     // first wins (they are applied last to first).
                     Some(Key::Merge) => match value {
-                        Value::Object(source) => entries.extend(source),
+                        Value::Object(source) => merge(entries, key_lines, source),
                         Value::Array(sources) if sources.iter().all(Value::is_object) => {
                             for source in sources.into_iter().rev() {
                                 if let Value::Object(source) = source {
-                                    entries.extend(source);
+                                    merge(entries, key_lines, source);
                                 }
                             }
                         }
@@ -385,7 +436,40 @@ impl Builder {
                 }
             }
         }
-        Ok(())
+        match defined_twice {
+            Some((name, first)) => Err(ReadError {
+                line: marker.line(),
+                message: match self.path() {
+                    path if path.is_empty() => format!("mapping key {name:?} already defined"),
+                    path => format!("{path}: mapping key {name:?} already defined"),
+                },
+                defined_at: Some(first),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The path of the innermost mapping or list being read (`spec.template.spec`,
+    /// `items[2]`), as decode errors name fields.
+    fn path(&self) -> String {
+        let mut path = String::new();
+        let enclosing = self.stack.len().saturating_sub(1);
+        for frame in &self.stack[..enclosing] {
+            match frame {
+                Frame::Sequence { items, .. } => path.push_str(&format!("[{}]", items.len())),
+                Frame::Mapping { key, .. } => {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    match key {
+                        Some(Key::Text { name, .. }) => path.push_str(name),
+                        Some(Key::Merge) => path.push_str("<<"),
+                        None => path.push('?'),
+                    }
+                }
+            }
+        }
+        path
     }
 
     fn anchored(&mut self, anchor: usize, value: &Value, size: Size) {
@@ -477,6 +561,7 @@ impl Builder {
             Event::MappingStart(anchor, _) => self.open(
                 Frame::Mapping {
                     entries: Map::new(),
+                    key_lines: Vec::new(),
                     key: None,
                     anchor,
                     size: Size::COLLECTION,
@@ -510,6 +595,21 @@ impl Builder {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Merges `source` into a mapping at a `<<` key: its keys overwrite those written before and
+/// are overridden by those written after.
+fn merge(
+    entries: &mut Map<String, Value>,
+    key_lines: &mut Vec<Option<usize>>,
+    source: Map<String, Value>,
+) {
+    for (name, value) in source {
+        if !entries.contains_key(&name) {
+            key_lines.push(None);
+        }
+        entries.insert(name, value);
     }
 }
 
@@ -705,6 +805,63 @@ mod tests {
         assert!(error.line >= 5, "{error:?}");
         let documents = read_yaml("a: 1\n...\nb: 2\n...\n", Bounds::default()).unwrap();
         assert_eq!(documents, vec![json!({"a": 1}), json!({"b": 2})]);
+    }
+
+    #[test]
+    fn a_key_defined_twice_is_refused_with_both_lines() {
+        let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\nspec:\n  \
+                   template:\n    spec:\n      containers:\n      - name: main\n        \
+                   image: train:1\n      restartPolicy: Never\n      containers: []\n";
+        let error = read_yaml(job, Bounds::default()).unwrap_err();
+        assert_eq!(
+            error,
+            ReadError {
+                line: 12,
+                message: "spec.template.spec: mapping key \"containers\" already defined"
+                    .to_owned(),
+                defined_at: Some(8),
+            }
+        );
+        let cases = [
+            (
+                "kind: Job\nkind: JobSet\n",
+                2,
+                "mapping key \"kind\" already defined",
+                1,
+            ),
+            (
+                "a:\n- {x: 1, x: 2}\n",
+                2,
+                "a[0]: mapping key \"x\" already defined",
+                2,
+            ),
+            // Keys are compared as kubectl compares them, resolved: `yes` is "true".
+            (
+                "data:\n  true: a\n  yes: b\n",
+                3,
+                "data: mapping key \"true\" already defined",
+                2,
+            ),
+            (
+                "base: &b {cpu: 1}\nx:\n  <<: *b\n  gpu: 1\n  gpu: 2\n",
+                5,
+                "x: mapping key \"gpu\" already defined",
+                4,
+            ),
+        ];
+        for (text, line, message, first) in cases {
+            let error = read_yaml(text, Bounds::default()).unwrap_err();
+            assert_eq!(
+                (error.line, error.message.as_str(), error.defined_at),
+                (line, message, Some(first)),
+                "{text:?}"
+            );
+        }
+        // A key after `<<` overrides the merged one: that is what merge keys are for.
+        let value = one("base: &b {cpu: 1, gpu: 1}\nx:\n  <<: *b\n  gpu: 2\n");
+        assert_eq!(value["x"], json!({"cpu": 1, "gpu": 2}));
+        let value = one("x:\n  <<: [{gpu: 1}, {gpu: 2, cpu: 1}]\n  cpu: 2\n");
+        assert_eq!(value["x"], json!({"gpu": 1, "cpu": 2}));
     }
 
     #[test]

@@ -7,8 +7,16 @@
 //! time with the path tracked, only after the first decode failed: the happy path pays nothing.
 //! [`tab_message`] names a tab that YAML refuses, where the parser says "found character that
 //! cannot start any token".
+//!
+//! An error can also say the line of its field in the file it came from: a caller that reads
+//! manifests ([`crate::manifest::Document::field_lines`]) says which text is being decoded for
+//! as long as a [`FieldLinesScope`] lives, and an error made meanwhile looks its field up there
+//! when it is shown. Nothing is looked up before an error, and nothing where no scope is set
+//! (the webhook, whose request bodies are JSON no one wrote by hand).
 
+use std::cell::RefCell;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, de::Error as _};
@@ -20,6 +28,61 @@ use serde::{Deserialize, de::Error as _};
 pub struct JsonError {
     source: serde_json::Error,
     field: Option<String>,
+    /// Where the decoded value was written, when a [`FieldLinesScope`] said so.
+    lines: Option<ScopedLines>,
+}
+
+/// Where the values being decoded were written: the line of a field in their text.
+pub trait FieldLines: Send + Sync {
+    /// The line of `field` (`spec.parallelism`, a path from the root of an object) of the
+    /// object `item` of the text (`None`: the text's one object; `Some(n)`: the n-th item of
+    /// the `List` it holds).
+    fn line_of(&self, item: Option<usize>, field: &str) -> Option<usize>;
+}
+
+/// A text's [`FieldLines`] and the object of it being decoded.
+#[derive(Clone)]
+struct ScopedLines {
+    lines: Arc<dyn FieldLines>,
+    item: Option<usize>,
+}
+
+impl fmt::Debug for ScopedLines {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedLines")
+            .field("item", &self.item)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static SCOPED_LINES: RefCell<Option<ScopedLines>> = const { RefCell::new(None) };
+}
+
+/// While it lives, decode errors made on this thread name the line of their field in
+/// `lines` (see [`field_lines_scope`]); dropping it restores the scope before it.
+#[must_use = "the scope ends when this is dropped"]
+pub struct FieldLinesScope {
+    previous: Option<ScopedLines>,
+}
+
+/// Says that the values decoded on this thread until the scope is dropped come from the
+/// object `item` of the text `lines` describes.
+pub fn field_lines_scope(lines: Arc<dyn FieldLines>, item: Option<usize>) -> FieldLinesScope {
+    let previous = SCOPED_LINES.with(|scoped| scoped.replace(Some(ScopedLines { lines, item })));
+    FieldLinesScope { previous }
+}
+
+/// The scope set on this thread, if any.
+fn scoped_lines() -> Option<ScopedLines> {
+    SCOPED_LINES.with(|scoped| scoped.borrow().clone())
+}
+
+impl Drop for FieldLinesScope {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        SCOPED_LINES.with(|scoped| *scoped.borrow_mut() = previous);
+    }
 }
 
 impl JsonError {
@@ -28,6 +91,7 @@ impl JsonError {
         Self {
             source: serde_json::Error::custom(message),
             field: None,
+            lines: None,
         }
     }
 
@@ -52,8 +116,18 @@ impl JsonError {
                 Some(field) if field.starts_with('[') => format!("{parent}{field}"),
                 Some(field) => format!("{parent}.{field}"),
             });
+            if self.lines.is_none() {
+                self.lines = scoped_lines();
+            }
         }
         self
+    }
+
+    /// The line of the field in the text the value was read from, when a
+    /// [`FieldLinesScope`] was set as the error was made.
+    pub fn line(&self) -> Option<usize> {
+        let lines = self.lines.as_ref()?;
+        lines.lines.line_of(lines.item, self.field.as_deref()?)
     }
 
     /// The message without the field.
@@ -71,9 +145,10 @@ impl JsonError {
 
 impl fmt::Display for JsonError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.field {
-            Some(field) => write!(f, "{field}: {}", self.message()),
-            None => f.write_str(&self.message()),
+        match (&self.field, self.line()) {
+            (Some(field), Some(line)) => write!(f, "{field} (line {line}): {}", self.message()),
+            (Some(field), None) => write!(f, "{field}: {}", self.message()),
+            (None, _) => f.write_str(&self.message()),
         }
     }
 }
@@ -124,7 +199,14 @@ fn with_field<T>(
         }
         _ => None,
     };
-    JsonError { source, field }
+    // Only for an error of the data, found in a field: the text's lines have nothing to say
+    // about a text that is not JSON.
+    let lines = field.is_some().then(scoped_lines).flatten();
+    JsonError {
+        source,
+        field,
+        lines,
+    }
 }
 
 /// serde_json's message without its ` at line L column C`.

@@ -856,9 +856,9 @@ spec:
     let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(input));
     assert_ne!(out.code, Some(0), "{}", out.stderr);
     for expected in [
-        "spec.activeDeadlineSeconds: expected a whole number, found the string \"soon\"",
-        "spec.parallelism: expected a whole number from -2147483648 to 2147483647, found \
-         5000000000",
+        "spec.activeDeadlineSeconds (line 5): expected a whole number, found the string \"soon\"",
+        "spec.parallelism (line 12): expected a whole number from -2147483648 to 2147483647, \
+         found 5000000000",
     ] {
         assert!(out.stderr.contains(expected), "{expected}\n{}", out.stderr);
     }
@@ -2369,4 +2369,36 @@ fn a_key_defined_twice_makes_the_document_unreadable_with_both_lines_named() {
 
     let out = run(gpu_guard().arg("check").arg("-f").arg(&path)).expect_code(2);
     assert!(out.stderr.contains(expected), "{}", out.stderr);
+}
+
+#[test]
+fn a_field_that_does_not_decode_is_named_with_its_line() {
+    let text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  \
+                epochs: \"3\"\n---\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\n\
+                spec:\n  backoffLimit: 2\n  activeDeadlineSeconds: abc\n  template:\n    spec:\n      \
+                restartPolicy: Never\n      containers:\n      - name: main\n        \
+                image: registry.example/train:1.0\n        resources:\n          limits:\n            \
+                nvidia.com/gpu: 1\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: batch/v1\n  \
+                kind: Job\n  metadata:\n    name: listed\n  spec:\n    parallelism: two\n    \
+                template:\n      spec:\n        containers: []\n";
+    assert_eq!(
+        text.lines().nth(13),
+        Some("  activeDeadlineSeconds: abc"),
+        "line 14"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.yaml");
+    std::fs::write(&path, text).unwrap();
+    let job = "spec.activeDeadlineSeconds (line 14): expected a whole number, found the string \
+               \"abc\"";
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(job), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("spec.parallelism (line 33): expected a whole number"),
+        "{}",
+        out.stderr
+    );
+    let out = run(gpu_guard().arg("check").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(job), "{}", out.stderr);
 }

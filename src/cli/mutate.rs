@@ -218,6 +218,7 @@ impl Run<'_, '_> {
     fn mutate_document(&mut self, value: &mut Value, document: &Document) {
         manifest::visit_objects_mut(value, &mut |item, object| {
             let location = manifest::location(document, item);
+            let _lines = document.field_lines(item);
             self.mutate_object(object, &location);
         });
     }

@@ -120,6 +120,9 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
                     report.error(log, message);
                 }
             }
+            // Decode errors name their line (of a single object; a List's items are judged
+            // together, so not theirs).
+            let _lines = document.field_lines(None);
             let checked = findings::check(&objects, policy, view, &args.namespace);
             for finding in &checked.findings {
                 tally.add(finding.verdict, &finding.kind);

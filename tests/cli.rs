@@ -2402,3 +2402,61 @@ fn a_field_that_does_not_decode_is_named_with_its_line() {
     let out = run(gpu_guard().arg("check").arg("-f").arg(&path)).expect_code(2);
     assert!(out.stderr.contains(job), "{}", out.stderr);
 }
+
+#[test]
+fn a_misspelt_field_is_named_with_the_field_meant() {
+    let text = read(&fixture("gpu-job.yaml"))
+        .replace(
+            "  backoffLimit: 3\n",
+            "  backoffLimit: 3\n  podFailurePolicyy:\n    rules: []\n",
+        )
+        .replace("          command:", "          comand:")
+        + "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: notebook\n  labels:\n    \
+           podFailurePolicyy: a-label-is-not-a-field\nspec:\n  replicas: 1\n  selector:\n    \
+           matchLabels: {app: notebook}\n  template:\n    metadata:\n      labels: {app: notebook}\n    \
+           spec:\n      containers:\n      - name: lab\n        image: jupyter:1\n        \
+           resources:\n          limts:\n            nvidia.com/gpu: 1\n";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("workloads.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let unknown = [
+        "job/train: unknown field \"spec.podFailurePolicyy\", did you mean \"podFailurePolicy\"?",
+        "job/train: unknown field \"spec.template.spec.containers[0].comand\", did you mean \
+         \"command\"?",
+        "deployment/notebook: unknown field \
+         \"spec.template.spec.containers[0].resources.limts\", did you mean \"limits\"?",
+    ];
+    // Warnings: the output is what the engine makes of the manifest, as kubectl would send
+    // it (kubectl refuses or drops the field, not gpu-guard).
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    for warning in unknown {
+        assert!(out.stderr.contains(warning), "{warning}\n{}", out.stderr);
+    }
+    assert_eq!(
+        out.stderr.matches("unknown field").count(),
+        3,
+        "labels are a map: {}",
+        out.stderr
+    );
+    let outputs = yaml_documents(&out.stdout);
+    assert_eq!(
+        outputs[0]["spec"]["podFailurePolicyy"],
+        json!({"rules": []})
+    );
+    assert!(outputs[0]["spec"]["podFailurePolicy"].is_object());
+
+    let out = run(gpu_guard().args(["check", "-o", "json", "-f"]).arg(&path)).expect_code(0);
+    let report = json_output(&out.stdout);
+    let warnings: Vec<&str> = report["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|warning| warning.contains("unknown field"))
+        .collect();
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(
+        warnings[0].contains("(document 0) Job train: unknown field \"spec.podFailurePolicyy\""),
+        "{warnings:?}"
+    );
+}

@@ -219,6 +219,10 @@ impl Run<'_, '_> {
         manifest::visit_objects_mut(value, &mut |item, object| {
             let location = manifest::location(document, item);
             let _lines = document.field_lines(item);
+            for unknown in manifest::unknown_fields(object) {
+                let name = object_name(object, &location);
+                self.log.warning(&format!("{name}: {unknown}"));
+            }
             self.mutate_object(object, &location);
         });
     }

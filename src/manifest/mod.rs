@@ -15,7 +15,10 @@ mod libyaml_cases;
 mod lines;
 mod read;
 mod split;
+mod unknown_fields;
 mod write;
+
+pub use unknown_fields::{UnknownField, unknown_fields};
 
 use split::Syntax;
 
@@ -458,6 +461,31 @@ impl Object<'_> {
     /// `file (document N)` or `file (document N, item M)`.
     pub fn location(&self) -> String {
         location(self.document, self.item)
+    }
+
+    /// A warning for each field of the object the API does not know ([`unknown_fields`]),
+    /// naming the object as `check` names it (`file (document N) Job train: unknown field
+    /// "spec.podFailurePolicyy", ...`).
+    pub fn unknown_fields(&self) -> Vec<String> {
+        let unknown = unknown_fields(&self.value);
+        if unknown.is_empty() {
+            return Vec::new();
+        }
+        let kind = self
+            .value
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("object");
+        let name = self
+            .value
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("<unnamed>");
+        let location = self.location();
+        unknown
+            .iter()
+            .map(|field| format!("{location} {kind} {name}: {field}"))
+            .collect()
     }
 }
 

@@ -2460,3 +2460,18 @@ fn a_misspelt_field_is_named_with_the_field_meant() {
         "{warnings:?}"
     );
 }
+
+#[test]
+fn a_key_defined_twice_in_json_is_refused_too() {
+    let text = "{\n  \"apiVersion\": \"batch/v1\",\n  \"kind\": \"Job\",\n  \"metadata\": {\"name\": \
+                \"twice\"},\n  \"spec\": {\n    \"backoffLimit\": 6,\n    \"backoffLimit\": 0\n  }\n}\n";
+    let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(text)).expect_code(2);
+    assert!(
+        out.stderr.contains(
+            "-: document 0, line 7: spec: mapping key \"backoffLimit\" already defined at line 6"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stdout, text, "written through as it came");
+}

@@ -7,9 +7,9 @@ use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::Value;
 
+mod json;
 #[cfg(test)]
 mod libyaml_cases;
 mod lines;
@@ -296,20 +296,7 @@ impl Documents {
                 if raw.depth > self.limits.max_depth {
                     return Err((raw.line, nested_too_deep(self.limits.max_depth)));
                 }
-                let mut deserializer = serde_json::Deserializer::from_str(text);
-                // The splitter measured the depth: within the limit, serde_json's own fixed
-                // limit of 128 need not apply.
-                deserializer.disable_recursion_limit();
-                let value = Value::deserialize(&mut deserializer)
-                    .and_then(|value| deserializer.end().map(|()| value))
-                    .map_err(|error| {
-                        (
-                            raw.line + error.line().saturating_sub(1),
-                            crate::decode::in_words(crate::decode::without_position(
-                                &error.to_string(),
-                            )),
-                        )
-                    })?;
+                let value = json::read_json(text).map_err(|error| from_text(raw, text, error))?;
                 Ok(vec![value])
             }
             Syntax::Yaml => {
@@ -317,18 +304,7 @@ impl Documents {
                     max_depth: self.limits.max_depth,
                     max_alias_bytes: self.limits.max_document_bytes,
                 };
-                read::read_yaml(text, bounds).map_err(|error| {
-                    // An error at the end of the text is on its last line, not the next.
-                    let last = raw.line + text.trim_end().lines().count().saturating_sub(1);
-                    let line = raw.line + error.line.saturating_sub(1);
-                    let message = match error.defined_at {
-                        Some(first) => {
-                            format!("{} at line {}", error.message, raw.line + first - 1)
-                        }
-                        None => error.message,
-                    };
-                    (line.min(last), message)
-                })
+                read::read_yaml(text, bounds).map_err(|error| from_text(raw, text, error))
             }
         }
     }
@@ -373,6 +349,19 @@ impl Documents {
             }
         }
     }
+}
+
+/// A reading error of a document's text, its lines made those of the input: the error's line
+/// (one at the end of the text is on its last line, not the next) and, for a key written
+/// twice, the line of its first definition.
+fn from_text(raw: &split::RawDocument, text: &str, error: read::ReadError) -> (usize, String) {
+    let last = raw.line + text.trim_end().lines().count().saturating_sub(1);
+    let line = raw.line + error.line.saturating_sub(1);
+    let message = match error.defined_at {
+        Some(first) => format!("{} at line {}", error.message, raw.line + first - 1),
+        None => error.message,
+    };
+    (line.min(last), message)
 }
 
 fn nested_too_deep(limit: usize) -> String {

@@ -7,8 +7,16 @@
 //! time with the path tracked, only after the first decode failed: the happy path pays nothing.
 //! [`tab_message`] names a tab that YAML refuses, where the parser says "found character that
 //! cannot start any token".
+//!
+//! An error can also say the line of its field in the file it came from: a caller that reads
+//! manifests ([`crate::manifest::Document::field_lines`]) says which text is being decoded for
+//! as long as a [`FieldLinesScope`] lives, and an error made meanwhile looks its field up there
+//! when it is shown. Nothing is looked up before an error, and nothing where no scope is set
+//! (the webhook, whose request bodies are JSON no one wrote by hand).
 
+use std::cell::RefCell;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, de::Error as _};
@@ -20,6 +28,61 @@ use serde::{Deserialize, de::Error as _};
 pub struct JsonError {
     source: serde_json::Error,
     field: Option<String>,
+    /// Where the decoded value was written, when a [`FieldLinesScope`] said so.
+    lines: Option<ScopedLines>,
+}
+
+/// Where the values being decoded were written: the line of a field in their text.
+pub trait FieldLines: Send + Sync {
+    /// The line of `field` (`spec.parallelism`, a path from the root of an object) of the
+    /// object `item` of the text (`None`: the text's one object; `Some(n)`: the n-th item of
+    /// the `List` it holds).
+    fn line_of(&self, item: Option<usize>, field: &str) -> Option<usize>;
+}
+
+/// A text's [`FieldLines`] and the object of it being decoded.
+#[derive(Clone)]
+struct ScopedLines {
+    lines: Arc<dyn FieldLines>,
+    item: Option<usize>,
+}
+
+impl fmt::Debug for ScopedLines {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedLines")
+            .field("item", &self.item)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static SCOPED_LINES: RefCell<Option<ScopedLines>> = const { RefCell::new(None) };
+}
+
+/// While it lives, decode errors made on this thread name the line of their field in
+/// `lines` (see [`field_lines_scope`]); dropping it restores the scope before it.
+#[must_use = "the scope ends when this is dropped"]
+pub struct FieldLinesScope {
+    previous: Option<ScopedLines>,
+}
+
+/// Says that the values decoded on this thread until the scope is dropped come from the
+/// object `item` of the text `lines` describes.
+pub fn field_lines_scope(lines: Arc<dyn FieldLines>, item: Option<usize>) -> FieldLinesScope {
+    let previous = SCOPED_LINES.with(|scoped| scoped.replace(Some(ScopedLines { lines, item })));
+    FieldLinesScope { previous }
+}
+
+/// The scope set on this thread, if any.
+fn scoped_lines() -> Option<ScopedLines> {
+    SCOPED_LINES.with(|scoped| scoped.borrow().clone())
+}
+
+impl Drop for FieldLinesScope {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        SCOPED_LINES.with(|scoped| *scoped.borrow_mut() = previous);
+    }
 }
 
 impl JsonError {
@@ -28,6 +91,7 @@ impl JsonError {
         Self {
             source: serde_json::Error::custom(message),
             field: None,
+            lines: None,
         }
     }
 
@@ -52,8 +116,18 @@ impl JsonError {
                 Some(field) if field.starts_with('[') => format!("{parent}{field}"),
                 Some(field) => format!("{parent}.{field}"),
             });
+            if self.lines.is_none() {
+                self.lines = scoped_lines();
+            }
         }
         self
+    }
+
+    /// The line of the field in the text the value was read from, when a
+    /// [`FieldLinesScope`] was set as the error was made.
+    pub fn line(&self) -> Option<usize> {
+        let lines = self.lines.as_ref()?;
+        lines.lines.line_of(lines.item, self.field.as_deref()?)
     }
 
     /// The message without the field.
@@ -71,9 +145,10 @@ impl JsonError {
 
 impl fmt::Display for JsonError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.field {
-            Some(field) => write!(f, "{field}: {}", self.message()),
-            None => f.write_str(&self.message()),
+        match (&self.field, self.line()) {
+            (Some(field), Some(line)) => write!(f, "{field} (line {line}): {}", self.message()),
+            (Some(field), None) => write!(f, "{field}: {}", self.message()),
+            (None, _) => f.write_str(&self.message()),
         }
     }
 }
@@ -124,7 +199,14 @@ fn with_field<T>(
         }
         _ => None,
     };
-    JsonError { source, field }
+    // Only for an error of the data, found in a field: the text's lines have nothing to say
+    // about a text that is not JSON.
+    let lines = field.is_some().then(scoped_lines).flatten();
+    JsonError {
+        source,
+        field,
+        lines,
+    }
 }
 
 /// serde_json's message without its ` at line L column C`.
@@ -263,19 +345,41 @@ fn found_in_words(found: &str) -> String {
 
 /// When a YAML syntax error at 1-based `line` and `column` of `source` is a tab (at that
 /// position, or in the indentation before it on that line), what to say instead of the
-/// parser's "found character that cannot start any token": YAML indents with spaces only.
+/// parser's "found character that cannot start any token": YAML indentation is spaces only.
 pub fn tab_message(source: &str, line: usize, column: usize) -> Option<String> {
-    let text = source.lines().nth(line.checked_sub(1)?)?;
-    let at = text.chars().nth(column.checked_sub(1)?);
-    let tab_column = if at == Some('\t') {
-        column
-    } else {
-        let indentation = text.chars().take_while(|c| c.is_whitespace()).count();
-        text.chars().take(indentation).position(|c| c == '\t')? + 1
-    };
+    let tab_column = tab_at(source, line, column)?;
     Some(format!(
         "a tab character at line {line}, column {tab_column}: YAML indentation must use spaces"
     ))
+}
+
+/// The 1-based column of the tab at `line` and `column` of `source`, or of the first tab in
+/// the indentation of that line.
+pub fn tab_at(source: &str, line: usize, column: usize) -> Option<usize> {
+    let text = source.lines().nth(line.checked_sub(1)?)?;
+    if text.chars().nth(column.checked_sub(1)?) == Some('\t') {
+        return Some(column);
+    }
+    indentation_tab(text)
+}
+
+/// The first tab in the indentation of a line from `line` (1-based) on: where a YAML error
+/// about a tab is, when the parser names the node the tab broke (a plain scalar names the
+/// line it began on, the tab is on a line after it). Its line and column, 1-based.
+pub fn tab_from(source: &str, line: usize) -> Option<(usize, usize)> {
+    source
+        .lines()
+        .enumerate()
+        .skip(line.checked_sub(1)?)
+        .find_map(|(number, text)| indentation_tab(text).map(|column| (number + 1, column)))
+}
+
+/// The 1-based column of the first tab in a line's indentation (its leading blanks).
+fn indentation_tab(line: &str) -> Option<usize> {
+    line.chars()
+        .take_while(|c| *c == ' ' || *c == '\t')
+        .position(|c| c == '\t')
+        .map(|at| at + 1)
 }
 
 #[cfg(test)]
@@ -437,5 +541,18 @@ mod tests {
         assert_eq!(tab_message("a: [\n", 2, 1), None);
         assert_eq!(tab_message("a: b: c\n", 1, 5), None);
         assert_eq!(tab_message("", 0, 0), None);
+    }
+
+    #[test]
+    fn a_tab_is_found_on_the_line_after_the_node_it_broke() {
+        let source = "metadata:\n  name: train\n  labels: {a: b}\n\tnamespace: ml\n";
+        assert_eq!(tab_from(source, 2), Some((4, 1)));
+        assert_eq!(tab_from("a: 1\n  \t  b: 2\n", 1), Some((2, 3)));
+        assert_eq!(
+            tab_from("a: 1\nb: \tx\n", 1),
+            None,
+            "not in the indentation"
+        );
+        assert_eq!(tab_from("\ta: 1\n", 2), None, "only from the line given");
     }
 }

@@ -856,9 +856,9 @@ spec:
     let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(input));
     assert_ne!(out.code, Some(0), "{}", out.stderr);
     for expected in [
-        "spec.activeDeadlineSeconds: expected a whole number, found the string \"soon\"",
-        "spec.parallelism: expected a whole number from -2147483648 to 2147483647, found \
-         5000000000",
+        "spec.activeDeadlineSeconds (line 5): expected a whole number, found the string \"soon\"",
+        "spec.parallelism (line 12): expected a whole number from -2147483648 to 2147483647, \
+         found 5000000000",
     ] {
         assert!(out.stderr.contains(expected), "{expected}\n{}", out.stderr);
     }
@@ -2377,4 +2377,226 @@ fn a_policy_file_is_read_within_bounds() {
     .unwrap();
     let out = run(gpu_guard().arg("policy").arg("check").arg(&deep)).expect_code(1);
     assert!(out.stderr.contains("devices.names[0]"), "{}", out.stderr);
+}
+
+// === manifests as they come: block scalars at the end of a document ===
+
+#[test]
+fn block_scalars_at_the_end_of_a_document_keep_their_line_breaks_exactly() {
+    // A ConfigMap of scripts ending in a literal block before `---`, a GPU Job whose last
+    // field is a folded command, and a last ConfigMap ending in `|+` with no final newline:
+    // the shapes of embedded scripts in real repositories. libyaml (here serde_norway's
+    // copy of it, as kubectl's go-yaml) reads "exit 0" without a line break at the very end.
+    let text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: scripts\ndata:\n  \
+                 entry.sh: |\n    #!/bin/sh\n    exec python train.py\n---\n\
+                 apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\nspec:\n  template:\n    \
+                 spec:\n      restartPolicy: Never\n      containers:\n      - name: main\n        \
+                 image: registry.example/train:1.0\n        resources:\n          limits:\n            \
+                 nvidia.com/gpu: 1\n        args:\n        - >\n          python train.py\n          \
+                 --epochs 3\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: tail\ndata:\n  \
+                 keep.sh: |+\n    echo done\n    exit 0";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("scripts.yaml");
+    std::fs::write(&path, text).unwrap();
+    let inputs = yaml_documents(text);
+    assert_eq!(inputs[2]["data"]["keep.sh"], "echo done\nexit 0");
+
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    let outputs = yaml_documents(&out.stdout);
+    assert_eq!(outputs.len(), 3, "{}", out.stdout);
+    assert_same_document(&outputs[0], &inputs[0], "the ConfigMap before ---");
+    assert_same_document(&outputs[2], &inputs[2], "the last ConfigMap");
+    let args = &outputs[1]["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args, &json!(["python train.py --epochs 3\n"]));
+    assert!(outputs[1]["spec"]["podFailurePolicy"].is_object());
+
+    // Only the Job changes, so the diff touches the Job alone.
+    let out = run(gpu_guard().args(["mutate", "--diff", "-f"]).arg(&path)).expect_code(1);
+    assert!(!out.stdout.contains("exit 0"), "{}", out.stdout);
+    let without_job = dir.path().join("config-maps.yaml");
+    let config_maps = text.replace(
+        &text[text.find("---\napiVersion: batch/v1").unwrap()..text.rfind("---\n").unwrap()],
+        "",
+    );
+    std::fs::write(&without_job, &config_maps).unwrap();
+    let out = run(gpu_guard()
+        .args(["mutate", "--diff", "-f"])
+        .arg(&without_job))
+    .expect_code(0);
+    assert_eq!(
+        out.stdout, "",
+        "no diff for documents gpu-guard does not mutate"
+    );
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&without_job)).expect_code(0);
+    assert_eq!(yaml_documents(&out.stdout), yaml_documents(&config_maps));
+}
+
+#[test]
+fn a_tab_is_reported_on_the_line_it_is_on() {
+    // A GPU Job whose env entry was indented with a tab on line 24, after a plain scalar
+    // (which the YAML parser reports where it began, line 23).
+    let mut lines: Vec<String> = read(&fixture("gpu-job.yaml"))
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.extend(
+        [
+            "          env:",
+            "          - name: EPOCHS",
+            "            value: \"3\"",
+            "          - name: DATA_DIR",
+            "            value: /data",
+            "\t          - name: LOG_LEVEL",
+        ]
+        .map(str::to_owned),
+    );
+    assert_eq!(lines[23], "\t          - name: LOG_LEVEL");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.yaml");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    for command in ["mutate", "check"] {
+        let out = run(gpu_guard().arg(command).arg("-f").arg(&path)).expect_code(2);
+        assert!(
+            out.stderr.contains(
+                "job.yaml: document 0, line 24: a tab character at column 1: YAML \
+                 indentation must use spaces"
+            ),
+            "{command}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn a_key_defined_twice_makes_the_document_unreadable_with_both_lines_named() {
+    // A GPU Job with `containers` written twice (a merge gone wrong): kubectl's strict
+    // decoding reports it and kustomize refuses it; reading on would keep the second list
+    // silently. The document is unreadable, written through as it came, and the next is
+    // still mutated.
+    let broken = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: twice\nspec:\n  \
+                  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      \
+                  - name: main\n        image: registry.example/train:1.0\n        \
+                  resources:\n          limits:\n            nvidia.com/gpu: 1\n      \
+                  containers:\n      - name: sidecar\n        image: registry.example/log:1\n";
+    let text = format!("{broken}---\n{}", read(&fixture("gpu-job.yaml")));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let expected = "jobs.yaml: document 0, line 15: spec.template.spec: mapping key \
+                    \"containers\" already defined at line 9";
+
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(expected), "{}", out.stderr);
+    assert!(out.stdout.starts_with(broken), "{}", out.stdout);
+    let outputs = yaml_documents(&out.stdout[broken.len()..]);
+    assert_eq!(name_of(&outputs[0]), "train");
+    assert_device_job_spec(&outputs[0]["spec"], &["main"]);
+
+    let out = run(gpu_guard().arg("check").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(expected), "{}", out.stderr);
+}
+
+#[test]
+fn a_field_that_does_not_decode_is_named_with_its_line() {
+    let text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  \
+                epochs: \"3\"\n---\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\n\
+                spec:\n  backoffLimit: 2\n  activeDeadlineSeconds: abc\n  template:\n    spec:\n      \
+                restartPolicy: Never\n      containers:\n      - name: main\n        \
+                image: registry.example/train:1.0\n        resources:\n          limits:\n            \
+                nvidia.com/gpu: 1\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: batch/v1\n  \
+                kind: Job\n  metadata:\n    name: listed\n  spec:\n    parallelism: two\n    \
+                template:\n      spec:\n        containers: []\n";
+    assert_eq!(
+        text.lines().nth(13),
+        Some("  activeDeadlineSeconds: abc"),
+        "line 14"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.yaml");
+    std::fs::write(&path, text).unwrap();
+    let job = "spec.activeDeadlineSeconds (line 14): expected a whole number, found the string \
+               \"abc\"";
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(job), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("spec.parallelism (line 33): expected a whole number"),
+        "{}",
+        out.stderr
+    );
+    let out = run(gpu_guard().arg("check").arg("-f").arg(&path)).expect_code(2);
+    assert!(out.stderr.contains(job), "{}", out.stderr);
+}
+
+#[test]
+fn a_misspelt_field_is_named_with_the_field_meant() {
+    let text = read(&fixture("gpu-job.yaml"))
+        .replace(
+            "  backoffLimit: 3\n",
+            "  backoffLimit: 3\n  podFailurePolicyy:\n    rules: []\n",
+        )
+        .replace("          command:", "          comand:")
+        + "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: notebook\n  labels:\n    \
+           podFailurePolicyy: a-label-is-not-a-field\nspec:\n  replicas: 1\n  selector:\n    \
+           matchLabels: {app: notebook}\n  template:\n    metadata:\n      labels: {app: notebook}\n    \
+           spec:\n      containers:\n      - name: lab\n        image: jupyter:1\n        \
+           resources:\n          limts:\n            nvidia.com/gpu: 1\n";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("workloads.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let unknown = [
+        "job/train: unknown field \"spec.podFailurePolicyy\", did you mean \"podFailurePolicy\"?",
+        "job/train: unknown field \"spec.template.spec.containers[0].comand\", did you mean \
+         \"command\"?",
+        "deployment/notebook: unknown field \
+         \"spec.template.spec.containers[0].resources.limts\", did you mean \"limits\"?",
+    ];
+    // Warnings: the output is what the engine makes of the manifest, as kubectl would send
+    // it (kubectl refuses or drops the field, not gpu-guard).
+    let out = run(gpu_guard().arg("mutate").arg("-f").arg(&path)).expect_code(0);
+    for warning in unknown {
+        assert!(out.stderr.contains(warning), "{warning}\n{}", out.stderr);
+    }
+    assert_eq!(
+        out.stderr.matches("unknown field").count(),
+        3,
+        "labels are a map: {}",
+        out.stderr
+    );
+    let outputs = yaml_documents(&out.stdout);
+    assert_eq!(
+        outputs[0]["spec"]["podFailurePolicyy"],
+        json!({"rules": []})
+    );
+    assert!(outputs[0]["spec"]["podFailurePolicy"].is_object());
+
+    let out = run(gpu_guard().args(["check", "-o", "json", "-f"]).arg(&path)).expect_code(0);
+    let report = json_output(&out.stdout);
+    let warnings: Vec<&str> = report["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|warning| warning.contains("unknown field"))
+        .collect();
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(
+        warnings[0].contains("(document 0) Job train: unknown field \"spec.podFailurePolicyy\""),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn a_key_defined_twice_in_json_is_refused_too() {
+    let text = "{\n  \"apiVersion\": \"batch/v1\",\n  \"kind\": \"Job\",\n  \"metadata\": {\"name\": \
+                \"twice\"},\n  \"spec\": {\n    \"backoffLimit\": 6,\n    \"backoffLimit\": 0\n  }\n}\n";
+    let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(text)).expect_code(2);
+    assert!(
+        out.stderr.contains(
+            "-: document 0, line 7: spec: mapping key \"backoffLimit\" already defined at line 6"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stdout, text, "written through as it came");
 }

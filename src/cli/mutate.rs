@@ -238,6 +238,11 @@ impl Run<'_, '_> {
     fn mutate_document(&mut self, value: &mut Value, document: &Document) {
         manifest::visit_objects_mut(value, &mut |item, object| {
             let location = manifest::location(document, item);
+            let _lines = document.field_lines(item);
+            for unknown in manifest::unknown_fields(object) {
+                let name = object_name(object, &location);
+                self.log.warning(&format!("{name}: {unknown}"));
+            }
             self.mutate_object(object, &location);
         });
     }

@@ -5,13 +5,20 @@
 use std::collections::VecDeque;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::Value;
 
+mod json;
+#[cfg(test)]
+mod libyaml_cases;
+mod lines;
 mod read;
 mod split;
+mod unknown_fields;
 mod write;
+
+pub use unknown_fields::{UnknownField, unknown_fields};
 
 use split::Syntax;
 
@@ -23,6 +30,86 @@ pub struct Document {
     /// Its 0-based position among the documents of that file (empty documents not counted).
     pub index: usize,
     pub value: Value,
+    /// Its text, for the line of a field that does not decode.
+    origin: Option<Arc<Origin>>,
+}
+
+impl Document {
+    /// Until the scope returned is dropped, decode errors made on this thread name the line
+    /// of their field in this document's text ([`crate::decode::FieldLinesScope`]), for the
+    /// object `item` of it (`None`: the document itself; `Some(n)`: the n-th item of its
+    /// `List`, numbered as [`visit_objects_mut`] numbers them).
+    pub fn field_lines(&self, item: Option<usize>) -> Option<crate::decode::FieldLinesScope> {
+        let origin: Arc<dyn crate::decode::FieldLines> = self.origin.clone()?;
+        Some(crate::decode::field_lines_scope(origin, item))
+    }
+}
+
+/// Where a document was written: the text it was read from, kept for the lookup of a line
+/// after an error (one document is held at a time, so this holds its text a little longer).
+#[derive(Debug, PartialEq)]
+struct Origin {
+    text: Arc<String>,
+    /// The line of the input the text starts at.
+    first_line: usize,
+    /// Which of the text's non-empty documents it is (a text holds several when `...` ends
+    /// one and another follows).
+    document: usize,
+    /// For a `List`: the path of each of its objects (`items[0]`, `items[1].items[0]`), in
+    /// the order [`visit_objects_mut`] numbers them.
+    item_paths: Vec<String>,
+}
+
+impl crate::decode::FieldLines for Origin {
+    fn line_of(&self, item: Option<usize>, field: &str) -> Option<usize> {
+        let path = match item {
+            None => field.to_owned(),
+            Some(item) => {
+                let prefix = self.item_paths.get(item)?;
+                if field.starts_with('[') {
+                    format!("{prefix}{field}")
+                } else {
+                    format!("{prefix}.{field}")
+                }
+            }
+        };
+        let line = lines::line_of(&self.text, self.document, &path)?;
+        Some(self.first_line + line - 1)
+    }
+}
+
+/// The paths of the objects of a `List` (nested lists flattened), in [`visit_objects_mut`]'s
+/// order; empty for any other document.
+fn item_paths(document: &Value) -> Vec<String> {
+    fn walk(list: &Value, at: &str, paths: &mut Vec<String>) {
+        let Some(items) = list.get("items").and_then(Value::as_array) else {
+            return;
+        };
+        for (index, item) in items.iter().enumerate() {
+            let path = format!("{at}items[{index}]");
+            // An item without a kind takes its list's without `List`, as visit_items gives it.
+            let implied = list
+                .get("kind")
+                .and_then(Value::as_str)
+                .and_then(|kind| kind.strip_suffix("List"));
+            let nested = item.get("items").is_some_and(Value::is_array)
+                && item
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .or(implied)
+                    .is_some_and(|kind| kind.ends_with("List"));
+            if nested {
+                walk(item, &format!("{path}."), paths);
+            } else {
+                paths.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    if is_list(document) {
+        walk(document, "", &mut paths);
+    }
+    paths
 }
 
 /// Why an input, or one document of it, could not be read.
@@ -107,7 +194,8 @@ pub struct Documents {
     splitter: split::Splitter<Box<dyn BufRead>>,
     limits: Limits,
     next_index: usize,
-    queue: VecDeque<Value>,
+    /// Values read and not yet given out, with where they were written.
+    queue: VecDeque<(Value, Option<Arc<Origin>>)>,
     /// Set after a read error: the input ends there.
     failed: bool,
     /// When not empty, documents whose text names none of these are skipped unparsed.
@@ -170,13 +258,14 @@ impl Documents {
         &self.source
     }
 
-    fn document(&mut self, value: Value) -> Document {
+    fn document(&mut self, value: Value, origin: Option<Arc<Origin>>) -> Document {
         let index = self.next_index;
         self.next_index += 1;
         Document {
             source: self.source.clone(),
             index,
             value,
+            origin,
         }
     }
 
@@ -199,45 +288,15 @@ impl Documents {
         }
     }
 
-    /// Parses one raw document: its values, or the line (of the input) and the message.
-    fn parse(&self, raw: &split::RawDocument) -> Result<Vec<Value>, (usize, String)> {
-        if let Some(size) = raw.too_large {
-            return Err((
-                raw.line,
-                format!(
-                    "the document is {size} bytes, more than the limit of {} bytes (raise it \
-                     with --max-document-bytes)",
-                    self.limits.max_document_bytes
-                ),
-            ));
-        }
-        let text = std::str::from_utf8(&raw.text).map_err(|error| {
-            let valid = &raw.text[..error.valid_up_to()];
-            let line = raw.line + memchr::memchr_iter(b'\n', valid).count();
-            (
-                line,
-                "the text is not UTF-8 (manifests are UTF-8)".to_owned(),
-            )
-        })?;
+    /// Parses one raw document's text: its values, or the line (of the input) and the
+    /// message.
+    fn parse(&self, raw: &split::RawDocument, text: &str) -> Result<Vec<Value>, (usize, String)> {
         match raw.syntax {
             Syntax::Json => {
                 if raw.depth > self.limits.max_depth {
                     return Err((raw.line, nested_too_deep(self.limits.max_depth)));
                 }
-                let mut deserializer = serde_json::Deserializer::from_str(text);
-                // The splitter measured the depth: within the limit, serde_json's own fixed
-                // limit of 128 need not apply.
-                deserializer.disable_recursion_limit();
-                let value = Value::deserialize(&mut deserializer)
-                    .and_then(|value| deserializer.end().map(|()| value))
-                    .map_err(|error| {
-                        (
-                            raw.line + error.line().saturating_sub(1),
-                            crate::decode::in_words(crate::decode::without_position(
-                                &error.to_string(),
-                            )),
-                        )
-                    })?;
+                let value = json::read_json(text).map_err(|error| from_text(raw, text, error))?;
                 Ok(vec![value])
             }
             Syntax::Yaml => {
@@ -245,15 +304,64 @@ impl Documents {
                     max_depth: self.limits.max_depth,
                     max_alias_bytes: self.limits.max_document_bytes,
                 };
-                read::read_yaml(text, bounds).map_err(|error| {
-                    // An error at the end of the text is on its last line, not the next.
-                    let last = raw.line + text.trim_end().lines().count().saturating_sub(1);
-                    let line = raw.line + error.line.saturating_sub(1);
-                    (line.min(last), error.message)
-                })
+                read::read_yaml(text, bounds).map_err(|error| from_text(raw, text, error))
             }
         }
     }
+
+    /// Reads one raw document: its values queued, or why it is unreadable.
+    fn read(&mut self, mut raw: split::RawDocument) -> Result<(), Unreadable> {
+        if let Some(size) = raw.too_large {
+            let message = format!(
+                "the document is {size} bytes, more than the limit of {} bytes (raise it with \
+                 --max-document-bytes)",
+                self.limits.max_document_bytes
+            );
+            return Err(self.unreadable(Some(raw.line), message, None));
+        }
+        let text = match String::from_utf8(std::mem::take(&mut raw.text)) {
+            Ok(text) => text,
+            Err(error) => {
+                let valid = &error.as_bytes()[..error.utf8_error().valid_up_to()];
+                let line = raw.line + memchr::memchr_iter(b'\n', valid).count();
+                let message = "the text is not UTF-8 (manifests are UTF-8)".to_owned();
+                return Err(self.unreadable(Some(line), message, Some(error.into_bytes())));
+            }
+        };
+        match self.parse(&raw, &text) {
+            Ok(values) => {
+                let text = Arc::new(text);
+                // Empty documents (`---` with nothing after, comments only) are dropped, as
+                // kubectl drops them.
+                for (document, value) in values.into_iter().filter(|v| !v.is_null()).enumerate() {
+                    let origin = Origin {
+                        text: text.clone(),
+                        first_line: raw.line,
+                        document,
+                        item_paths: item_paths(&value),
+                    };
+                    self.queue.push_back((value, Some(Arc::new(origin))));
+                }
+                Ok(())
+            }
+            Err((line, message)) => {
+                Err(self.unreadable(Some(line), message, Some(text.into_bytes())))
+            }
+        }
+    }
+}
+
+/// A reading error of a document's text, its lines made those of the input: the error's line
+/// (one at the end of the text is on its last line, not the next) and, for a key written
+/// twice, the line of its first definition.
+fn from_text(raw: &split::RawDocument, text: &str, error: read::ReadError) -> (usize, String) {
+    let last = raw.line + text.trim_end().lines().count().saturating_sub(1);
+    let line = raw.line + error.line.saturating_sub(1);
+    let message = match error.defined_at {
+        Some(first) => format!("{} at line {}", error.message, raw.line + first - 1),
+        None => error.message,
+    };
+    (line.min(last), message)
 }
 
 fn nested_too_deep(limit: usize) -> String {
@@ -265,8 +373,8 @@ impl Iterator for Documents {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if let Some(value) = self.queue.pop_front() {
-                return Some(Ok(self.document(value)));
+            if let Some((value, origin)) = self.queue.pop_front() {
+                return Some(Ok(self.document(value, origin)));
             }
             if self.failed {
                 return None;
@@ -294,16 +402,8 @@ impl Iterator for Documents {
             {
                 continue;
             }
-            match self.parse(&raw) {
-                // Empty documents (`---` with nothing after, comments only) are dropped, as
-                // kubectl drops them.
-                Ok(values) => self
-                    .queue
-                    .extend(values.into_iter().filter(|v| !v.is_null())),
-                Err((line, message)) => {
-                    let text = raw.too_large.is_none().then_some(raw.text);
-                    return Some(Err(self.unreadable(Some(line), message, text)));
-                }
+            if let Err(unreadable) = self.read(raw) {
+                return Some(Err(unreadable));
             }
         }
     }
@@ -350,6 +450,31 @@ impl Object<'_> {
     /// `file (document N)` or `file (document N, item M)`.
     pub fn location(&self) -> String {
         location(self.document, self.item)
+    }
+
+    /// A warning for each field of the object the API does not know ([`unknown_fields`]),
+    /// naming the object as `check` names it (`file (document N) Job train: unknown field
+    /// "spec.podFailurePolicyy", ...`).
+    pub fn unknown_fields(&self) -> Vec<String> {
+        let unknown = unknown_fields(&self.value);
+        if unknown.is_empty() {
+            return Vec::new();
+        }
+        let kind = self
+            .value
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("object");
+        let name = self
+            .value
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("<unnamed>");
+        let location = self.location();
+        unknown
+            .iter()
+            .map(|field| format!("{location} {kind} {name}: {field}"))
+            .collect()
     }
 }
 
@@ -650,6 +775,138 @@ mod tests {
         assert_eq!(documents.len(), 1);
         let text = errors[0].to_string();
         assert!(text.starts_with("x.yaml: document 1, line "), "{text}");
+    }
+
+    #[test]
+    fn a_tab_in_the_indentation_is_reported_on_its_own_line_of_the_file() {
+        let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\nspec:\n  \
+                   template:\n    spec:\n      containers:\n      - name: main\n        \
+                   image: train:1\n";
+        let config_map = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: scripts\ndata:\n  \
+                          run.sh: |\n    echo hello\n";
+        // (text, document, line of the tab, column)
+        let cases = [
+            (format!("\t{job}"), 0, 1, 1),
+            (format!("\n\n  \t{job}"), 0, 3, 3),
+            // After a plain scalar, which yaml-rust2 reports where the scalar began.
+            (
+                job.replace("  name: train\n", "  name: train\n\tnamespace: ml\n"),
+                0,
+                5,
+                1,
+            ),
+            (format!("{job}\tbackoffLimit: 1"), 0, 11, 1),
+            (format!("{job}        \tenv: []\n"), 0, 11, 9),
+            (format!("{config_map}\tother: x\n"), 0, 8, 1),
+            (
+                format!("{job}---\n{}", job.replace("  template:", "\ttemplate:")),
+                1,
+                17,
+                1,
+            ),
+            (
+                format!(
+                    "{config_map}---\n{job}---\n{}",
+                    job.replace("      - name", "\t    - name")
+                ),
+                2,
+                28,
+                1,
+            ),
+        ];
+        for (text, document, line, column) in cases {
+            let (documents, errors) = parse(&text, "x.yaml");
+            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            assert_eq!(
+                errors,
+                [format!(
+                    "x.yaml: document {document}, line {line}: a tab character at column \
+                     {column}: YAML indentation must use spaces"
+                )],
+                "{text:?}"
+            );
+            assert_eq!(
+                documents.len(),
+                document,
+                "the documents before it are read"
+            );
+        }
+        // Tabs that are content or allowed space are not errors.
+        let (documents, errors) = parse(
+            "data:\n  Makefile: |\n    all:\n    \tgcc -o x x.c\n  list: [a,\n   \tb]\n",
+            "x.yaml",
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            documents[0].value["data"],
+            json!({"Makefile": "all:\n\tgcc -o x x.c\n", "list": ["a", "b"]})
+        );
+    }
+
+    #[test]
+    fn blanks_before_the_first_line_are_part_of_the_yaml() {
+        let (documents, errors) = parse("\n  a: 1\n  b: 2\n", "x.yaml");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(documents[0].value, json!({"a": 1, "b": 2}));
+    }
+
+    #[test]
+    fn decode_errors_name_the_line_of_their_field_in_the_file() {
+        use k8s_openapi::api::batch::v1::Job;
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n---\n\
+                    apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\nspec:\n  \
+                    backoffLimit: 2\n  activeDeadlineSeconds: abc\n---\napiVersion: v1\n\
+                    kind: List\nitems:\n- apiVersion: batch/v1\n  kind: Job\n  metadata: \
+                    {name: a}\n- apiVersion: batch/v1\n  kind: Job\n  spec:\n    \
+                    parallelism: two\n";
+        let (documents, errors) = parse(text, "x.yaml");
+        assert!(errors.is_empty(), "{errors:?}");
+        let decode = |document: &Document, item: Option<usize>, value: &Value| {
+            let _lines = document.field_lines(item);
+            crate::decode::from_json_value::<Job>(value)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            decode(&documents[1], None, &documents[1].value),
+            "spec.activeDeadlineSeconds (line 12): expected a whole number, found the string \
+             \"abc\""
+        );
+        let list = &documents[2];
+        assert_eq!(
+            decode(list, Some(1), &list.value["items"][1]),
+            "spec.parallelism (line 23): expected a whole number, found the string \"two\""
+        );
+        // Out of a scope (the webhook), and once it ended: the field alone.
+        let error = crate::decode::from_json_value::<Job>(&documents[1].value).unwrap_err();
+        assert_eq!(error.line(), None);
+        assert!(
+            error
+                .to_string()
+                .starts_with("spec.activeDeadlineSeconds: ")
+        );
+    }
+
+    #[test]
+    fn the_items_of_nested_lists_have_their_paths() {
+        let list = json!({"kind": "List", "items": [
+            {"kind": "Job"},
+            {"kind": "JobList", "items": [{"metadata": {}}, {"kind": "Job"}]},
+            {"kind": "ConfigMap"},
+        ]});
+        assert_eq!(
+            item_paths(&list),
+            [
+                "items[0]",
+                "items[1].items[0]",
+                "items[1].items[1]",
+                "items[2]"
+            ]
+        );
+        let mut seen = 0;
+        visit_objects_mut(&mut list.clone(), &mut |_, _| seen += 1);
+        assert_eq!(seen, 4, "numbered as visit_objects_mut numbers them");
+        assert!(item_paths(&json!({"kind": "Job", "items": []})).is_empty());
     }
 
     #[test]

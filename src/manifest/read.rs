@@ -19,6 +19,9 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 pub struct ReadError {
     pub line: usize,
     pub message: String,
+    /// For a key defined twice, the line (in the text given) of its first definition: the
+    /// message ends "already defined", for the reader of the whole input to say where.
+    pub defined_at: Option<usize>,
 }
 
 /// The bounds a document is read within.
@@ -56,43 +59,187 @@ fn excessive_aliasing(alias_nodes: usize, decoded_nodes: usize) -> bool {
 /// Reads every document of a YAML text (usually one: the splitter cuts at `---`; several when
 /// `...` ends one and another follows). Empty documents are dropped. The first error ends the
 /// reading: the text is then one unreadable document.
+///
+/// Block scalars (`|`, `>`) are read as libyaml reads them (go-yaml, under kubectl, is its
+/// port), where yaml-rust2 0.13 differs at the end of its input: it adds a line break to a last
+/// line that has none (`a: |` then `  hello` at the end of a file is `"hello\n"`, libyaml says
+/// `"hello"`), and reads an empty block scalar that ends the input as `"\n"`. The splitter
+/// hands each document over as its own input, so both happen at the end of every document
+/// that ends in a block scalar, not only at the end of a file. A text that ends in a line break
+/// is therefore read with a `...` line after it: yaml-rust2 and libyaml agree on every block
+/// scalar that does not run to the end of the input. A text whose last line has no break
+/// (the last document of a file without a final newline) is read as if it had one; that
+/// differs from libyaml only in the block scalar that holds the last line, whose value then
+/// loses one line break, which [`without_final_break`] decides.
 pub fn read_yaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
+    let read = read_block_scalars_as_libyaml(text, bounds);
+    // libyaml stops at such a tab; what yaml-rust2 finds wrong after it follows from it.
+    match (read, tab_before_a_node(text)) {
+        (Err(error), Some(tab)) if tab.line > error.line => Err(error),
+        (_, Some(tab)) => Err(tab),
+        (read, None) => read,
+    }
+}
+
+/// [`read_yaml`] without its check of tabs.
+fn read_block_scalars_as_libyaml(text: &str, bounds: Bounds) -> Result<Vec<Value>, ReadError> {
+    if text.is_empty() || text.ends_with(['\n', '\r']) {
+        return Ok(read_events(text, "...\n", bounds, None)?.documents);
+    }
+    let read = read_events(text, "\n...\n", bounds, None)?;
+    match read.final_block_scalar {
+        Some(last) if without_final_break(text, &read.documents, bounds) => {
+            Ok(read_events(text, "\n...\n", bounds, Some(last))?.documents)
+        }
+        _ => Ok(read.documents),
+    }
+}
+
+/// Whether the block scalar that ends `text` (no line break after its last line, `documents`
+/// read as if there were one) takes its last line break from that missing one, so that libyaml
+/// reads it with one line break less. It does when the last line is part of the scalar and
+/// either holds content (clip chomping keeps the break after the last content line, and
+/// there is none) or the scalar keeps its trailing breaks (`|+`: one break fewer). Both are
+/// asked of yaml-rust2 on texts that end in a break, where it agrees with libyaml: with a
+/// blank line more, a scalar that keeps breaks changes; without the last line, a scalar whose
+/// content it was changes. A last line that is a comment, `...`, or blank in a clipped
+/// scalar changes neither.
+fn without_final_break(text: &str, documents: &[Value], bounds: Bounds) -> bool {
+    let differs = |text: &str, suffix: &str| {
+        read_events(text, suffix, bounds, None).is_ok_and(|read| read.documents != documents)
+    };
+    let before_last_line = text.rfind(['\n', '\r']).map_or(0, |at| at + 1);
+    differs(text, "\n\n...\n") || differs(&text[..before_last_line], "...\n")
+}
+
+/// The events of `text` followed by `suffix`, built into documents; `trim`: the block scalar
+/// (counted from 0 in the text) that loses one final line break.
+fn read_events(
+    text: &str,
+    suffix: &str,
+    bounds: Bounds,
+    trim: Option<usize>,
+) -> Result<Read, ReadError> {
     let mut builder = Builder {
         bounds,
+        trim_block_scalar: trim,
         ..Builder::default()
     };
-    let mut parser = Parser::new_from_str(text);
+    let mut parser = Parser::new(text.chars().chain(suffix.chars()));
     loop {
-        let (event, marker) = parser.next_token().map_err(|error| ReadError {
-            line: error.marker().line(),
-            message: scan_message(text, error.marker(), error.info()),
-        })?;
+        let (event, marker) = parser
+            .next_token()
+            .map_err(|error| scan_error(text, error.marker(), error.info()))?;
         if event == Event::StreamEnd {
             break;
         }
         builder.on_event(event, marker)?;
     }
-    Ok(builder
-        .documents
-        .into_iter()
-        .filter(|document| !document.is_null())
-        .collect())
+    Ok(Read {
+        documents: builder
+            .documents
+            .into_iter()
+            .filter(|document| !document.is_null())
+            .collect(),
+        final_block_scalar: builder.final_block_scalar,
+    })
 }
 
-/// yaml-rust2's message, said for people: a tab at fault is named as a tab, and the scanner's
-/// flow limit is named as a limit.
-fn scan_message(text: &str, marker: &Marker, info: &str) -> String {
+/// The documents of a text, and the block scalar that ends it with a line break, if one does.
+struct Read {
+    documents: Vec<Value>,
+    final_block_scalar: Option<usize>,
+}
+
+/// yaml-rust2's error, said for people: a tab at fault is named as a tab, on its own line (a
+/// plain scalar broken by a tab is reported where the scalar began), and the scanner's flow
+/// limit is named as a limit.
+fn scan_error(text: &str, marker: &Marker, info: &str) -> ReadError {
     if info == "recursion limit exceeded" {
         // yaml-rust2 counts flow levels in a byte.
-        return "nested deeper than 255 levels of [ ] and { } (the YAML scanner's limit)"
-            .to_owned();
+        return error(
+            *marker,
+            "nested deeper than 255 levels of [ ] and { } (the YAML scanner's limit)",
+        );
     }
-    if (info.contains("token") || info.contains("tab"))
-        && let Some(message) = crate::decode::tab_message(text, marker.line(), marker.col() + 1)
-    {
-        return message;
+    let tab = if info.contains("tab") || info.contains("token") {
+        crate::decode::tab_at(text, marker.line(), marker.col() + 1)
+            .map(|column| (marker.line(), column))
+            .or_else(|| {
+                // Only an error about a tab is looked for further.
+                info.contains("tab")
+                    .then(|| crate::decode::tab_from(text, marker.line() + 1))
+                    .flatten()
+            })
+    } else {
+        None
+    };
+    match tab {
+        Some((line, column)) => tab_error(line, column),
+        None => error(*marker, info),
     }
-    info.to_owned()
+}
+
+/// A tab where YAML wants spaces, at `line` (of the text read) and `column`.
+fn tab_error(line: usize, column: usize) -> ReadError {
+    ReadError {
+        line,
+        defined_at: None,
+        message: format!("a tab character at column {column}: YAML indentation must use spaces"),
+    }
+}
+
+/// A tab in the indentation before a node in block context (`\tname: x`), which libyaml and
+/// so kubectl refuse ("found character that cannot start any token") and yaml-rust2 reads.
+/// Tabs inside block scalars, quoted scalars and flow collections (`[`, `{`) are content or
+/// allowed space there, and pass. Costs a scan only for a text with a tab in the
+/// indentation of some line.
+fn tab_before_a_node(text: &str) -> Option<ReadError> {
+    use yaml_rust2::scanner::{Scanner, TokenType};
+    let indented_by_tab = memchr::memchr_iter(b'\t', text.as_bytes()).any(|at| {
+        let line_start = text[..at].rfind('\n').map_or(0, |newline| newline + 1);
+        text.as_bytes()[line_start..at]
+            .iter()
+            .all(|byte| *byte == b' ')
+    });
+    if !indented_by_tab {
+        return None;
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let mut flow_level = 0usize;
+    for token in Scanner::new(text.chars()) {
+        let starts_node = match token.1 {
+            TokenType::FlowSequenceStart | TokenType::FlowMappingStart => {
+                flow_level += 1;
+                flow_level == 1
+            }
+            TokenType::FlowSequenceEnd | TokenType::FlowMappingEnd => {
+                flow_level = flow_level.saturating_sub(1);
+                false
+            }
+            TokenType::Scalar(..)
+            | TokenType::Alias(_)
+            | TokenType::Anchor(_)
+            | TokenType::Tag(..)
+            | TokenType::BlockEntry
+            | TokenType::Key => flow_level == 0,
+            _ => false,
+        };
+        if !starts_node {
+            continue;
+        }
+        let marker = token.0;
+        let Some(line) = marker.line().checked_sub(1).and_then(|at| lines.get(at)) else {
+            continue;
+        };
+        let before: String = line.chars().take(marker.col()).collect();
+        if before.chars().all(|c| c == ' ' || c == '\t')
+            && let Some(column) = before.find('\t')
+        {
+            return Some(tab_error(marker.line(), column + 1));
+        }
+    }
+    None
 }
 
 enum Frame {
@@ -103,6 +250,9 @@ enum Frame {
     },
     Mapping {
         entries: Map<String, Value>,
+        /// The line of each entry's key, in the order of `entries`; `None` for an entry that
+        /// came from a `<<` merge (a key written after it may override it).
+        key_lines: Vec<Option<usize>>,
         /// The key waiting for its value; `None` when the next node is a key.
         key: Option<Key>,
         anchor: usize,
@@ -111,8 +261,24 @@ enum Frame {
 }
 
 enum Key {
-    Text(String),
+    /// A key and its line.
+    Text {
+        name: String,
+        line: usize,
+        /// The position of the merged entry it overrides, if it does.
+        overrides: Option<usize>,
+    },
     Merge,
+}
+
+impl Key {
+    fn text(name: String, line: usize) -> Self {
+        Key::Text {
+            name,
+            line,
+            overrides: None,
+        }
+    }
 }
 
 /// How much a node holds, counted as go-yaml counts decoded nodes.
@@ -147,6 +313,12 @@ struct Builder {
     decoded_nodes: usize,
     alias_nodes: usize,
     alias_bytes: usize,
+    /// Block scalars read so far.
+    block_scalars: usize,
+    /// The last node read, when it is a block scalar ending in a line break: its number.
+    final_block_scalar: Option<usize>,
+    /// The block scalar that loses one final line break ([`read_yaml`]).
+    trim_block_scalar: Option<usize>,
 }
 
 impl Default for Bounds {
@@ -162,6 +334,7 @@ fn error(marker: Marker, message: impl Into<String>) -> ReadError {
     ReadError {
         line: marker.line(),
         message: message.into(),
+        defined_at: None,
     }
 }
 
@@ -179,6 +352,7 @@ impl Builder {
             self.documents.push(value);
             return Ok(());
         };
+        let mut defined_twice = None;
         match frame {
             Frame::Sequence {
                 items, size: total, ..
@@ -188,20 +362,22 @@ impl Builder {
             }
             Frame::Mapping {
                 entries,
+                key_lines,
                 key,
                 size: total,
                 ..
             } => {
                 total.add(size);
+                let line = marker.line();
                 match key.take() {
                     None => {
                         // Keys resolve like values and become strings, as sigs.k8s.io/yaml
                         // makes them: `yes:` is "true", `0755:` is "493".
-                        *key = Some(match (key_text, value) {
+                        let mut new = match (key_text, value) {
                             (Some((text, true)), _) if text == "<<" => Key::Merge,
-                            (_, Value::String(text)) => Key::Text(text),
-                            (_, Value::Bool(flag)) => Key::Text(flag.to_string()),
-                            (_, Value::Number(number)) => Key::Text(number.to_string()),
+                            (_, Value::String(text)) => Key::text(text, line),
+                            (_, Value::Bool(flag)) => Key::text(flag.to_string(), line),
+                            (_, Value::Number(number)) => Key::text(number.to_string(), line),
                             (_, Value::Null) => return Err(error(marker, "a null mapping key")),
                             (_, _) => {
                                 return Err(error(
@@ -209,20 +385,44 @@ impl Builder {
                                     "a mapping or list as a mapping key cannot be JSON",
                                 ));
                             }
-                        });
+                        };
+                        // A key written twice is refused, as kubectl's strict decoding and
+                        // kustomize refuse it; a key that overrides one merged in by `<<` is
+                        // what merge keys are for.
+                        if let Key::Text {
+                            name, overrides, ..
+                        } = &mut new
+                            && entries.contains_key(name.as_str())
+                            && let Some(at) = entries.keys().position(|written| written == name)
+                        {
+                            match key_lines[at] {
+                                Some(first) => defined_twice = Some((name.clone(), first)),
+                                None => *overrides = Some(at),
+                            }
+                        }
+                        *key = Some(new);
                     }
-                    Some(Key::Text(name)) => {
+                    Some(Key::Text {
+                        name,
+                        line,
+                        overrides,
+                    }) => {
+                        match overrides {
+                            // A merged entry, overridden in its place.
+                            Some(at) => key_lines[at] = Some(line),
+                            None => key_lines.push(Some(line)),
+                        }
                         entries.insert(name, value);
                     }
                     // go-yaml v2 merges where `<<` stands: it overwrites keys written before
                     // it, keys after it overwrite the merged ones, and of several sources the
                     // first wins (they are applied last to first).
                     Some(Key::Merge) => match value {
-                        Value::Object(source) => entries.extend(source),
+                        Value::Object(source) => merge(entries, key_lines, source),
                         Value::Array(sources) if sources.iter().all(Value::is_object) => {
                             for source in sources.into_iter().rev() {
                                 if let Value::Object(source) = source {
-                                    entries.extend(source);
+                                    merge(entries, key_lines, source);
                                 }
                             }
                         }
@@ -236,7 +436,40 @@ impl Builder {
                 }
             }
         }
-        Ok(())
+        match defined_twice {
+            Some((name, first)) => Err(ReadError {
+                line: marker.line(),
+                message: match self.path() {
+                    path if path.is_empty() => format!("mapping key {name:?} already defined"),
+                    path => format!("{path}: mapping key {name:?} already defined"),
+                },
+                defined_at: Some(first),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The path of the innermost mapping or list being read (`spec.template.spec`,
+    /// `items[2]`), as decode errors name fields.
+    fn path(&self) -> String {
+        let mut path = String::new();
+        let enclosing = self.stack.len().saturating_sub(1);
+        for frame in &self.stack[..enclosing] {
+            match frame {
+                Frame::Sequence { items, .. } => path.push_str(&format!("[{}]", items.len())),
+                Frame::Mapping { key, .. } => {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    match key {
+                        Some(Key::Text { name, .. }) => path.push_str(name),
+                        Some(Key::Merge) => path.push_str("<<"),
+                        None => path.push('?'),
+                    }
+                }
+            }
+        }
+        path
     }
 
     fn anchored(&mut self, anchor: usize, value: &Value, size: Size) {
@@ -262,7 +495,17 @@ impl Builder {
 
     fn on_event(&mut self, event: Event, marker: Marker) -> Result<(), ReadError> {
         match event {
-            Event::Scalar(text, style, anchor, tag) => {
+            Event::Scalar(mut text, style, anchor, tag) => {
+                if matches!(style, TScalarStyle::Literal | TScalarStyle::Folded) {
+                    let number = self.block_scalars;
+                    self.block_scalars += 1;
+                    if self.trim_block_scalar == Some(number) {
+                        text.pop();
+                    }
+                    self.final_block_scalar = text.ends_with('\n').then_some(number);
+                } else {
+                    self.final_block_scalar = None;
+                }
                 let plain = style == TScalarStyle::Plain;
                 let value = resolve(&text, plain, tag.as_ref());
                 let size = Size {
@@ -274,6 +517,7 @@ impl Builder {
                 self.push(value, size, Some((text, plain)), marker)?;
             }
             Event::Alias(anchor) => {
+                self.final_block_scalar = None;
                 let Some((value, size)) = self.anchors.get(&anchor) else {
                     return Err(error(marker, "an alias to an unknown anchor"));
                 };
@@ -317,6 +561,7 @@ impl Builder {
             Event::MappingStart(anchor, _) => self.open(
                 Frame::Mapping {
                     entries: Map::new(),
+                    key_lines: Vec::new(),
                     key: None,
                     anchor,
                     size: Size::COLLECTION,
@@ -350,6 +595,21 @@ impl Builder {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Merges `source` into a mapping at a `<<` key: its keys overwrite those written before and
+/// are overridden by those written after.
+fn merge(
+    entries: &mut Map<String, Value>,
+    key_lines: &mut Vec<Option<usize>>,
+    source: Map<String, Value>,
+) {
+    for (name, value) in source {
+        if !entries.contains_key(&name) {
+            key_lines.push(None);
+        }
+        entries.insert(name, value);
     }
 }
 
@@ -548,6 +808,63 @@ mod tests {
     }
 
     #[test]
+    fn a_key_defined_twice_is_refused_with_both_lines() {
+        let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: train\nspec:\n  \
+                   template:\n    spec:\n      containers:\n      - name: main\n        \
+                   image: train:1\n      restartPolicy: Never\n      containers: []\n";
+        let error = read_yaml(job, Bounds::default()).unwrap_err();
+        assert_eq!(
+            error,
+            ReadError {
+                line: 12,
+                message: "spec.template.spec: mapping key \"containers\" already defined"
+                    .to_owned(),
+                defined_at: Some(8),
+            }
+        );
+        let cases = [
+            (
+                "kind: Job\nkind: JobSet\n",
+                2,
+                "mapping key \"kind\" already defined",
+                1,
+            ),
+            (
+                "a:\n- {x: 1, x: 2}\n",
+                2,
+                "a[0]: mapping key \"x\" already defined",
+                2,
+            ),
+            // Keys are compared as kubectl compares them, resolved: `yes` is "true".
+            (
+                "data:\n  true: a\n  yes: b\n",
+                3,
+                "data: mapping key \"true\" already defined",
+                2,
+            ),
+            (
+                "base: &b {cpu: 1}\nx:\n  <<: *b\n  gpu: 1\n  gpu: 2\n",
+                5,
+                "x: mapping key \"gpu\" already defined",
+                4,
+            ),
+        ];
+        for (text, line, message, first) in cases {
+            let error = read_yaml(text, Bounds::default()).unwrap_err();
+            assert_eq!(
+                (error.line, error.message.as_str(), error.defined_at),
+                (line, message, Some(first)),
+                "{text:?}"
+            );
+        }
+        // A key after `<<` overrides the merged one: that is what merge keys are for.
+        let value = one("base: &b {cpu: 1, gpu: 1}\nx:\n  <<: *b\n  gpu: 2\n");
+        assert_eq!(value["x"], json!({"cpu": 1, "gpu": 2}));
+        let value = one("x:\n  <<: [{gpu: 1}, {gpu: 2, cpu: 1}]\n  cpu: 2\n");
+        assert_eq!(value["x"], json!({"gpu": 1, "cpu": 2}));
+    }
+
+    #[test]
     fn a_billion_laughs_is_refused_by_go_yamls_alias_rule() {
         let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
         for level in 1..10 {
@@ -592,8 +909,9 @@ mod tests {
     #[test]
     fn a_tab_is_named_as_a_tab() {
         let error = read_yaml("a:\n\tb: 1\n", Bounds::default()).unwrap_err();
+        assert_eq!(error.line, 2, "{error:?}");
         assert!(
-            error.message.contains("tab character at line 2"),
+            error.message.starts_with("a tab character at column 1:"),
             "{error:?}"
         );
     }

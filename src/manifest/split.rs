@@ -126,22 +126,30 @@ impl<R: BufRead> Splitter<R> {
         Ok(())
     }
 
-    /// JSON when the first non-blank byte is `{`, else YAML (peeks without consuming).
+    /// JSON when the first non-blank byte is `{`, else YAML. Blank lines before the first
+    /// document are consumed (their lines counted), the blanks that start its first line are
+    /// not: they are part of the YAML (`\tkind: Job` is a tab in the indentation, refused as
+    /// kubectl refuses it, and `  a: 1` then `  b: 2` is a mapping indented by two).
     fn sniff(&mut self) -> io::Result<Syntax> {
-        // Blank lines before the first document are consumed here; their lines are counted.
         loop {
             let buffer = self.reader.fill_buf()?;
-            let Some(&first) = buffer.first() else {
+            if buffer.is_empty() {
                 return Ok(Syntax::Yaml);
-            };
-            match first {
-                b'\n' => {
+            }
+            let blanks = buffer
+                .iter()
+                .position(|byte| !matches!(byte, b' ' | b'\t' | b'\r'))
+                .unwrap_or(buffer.len());
+            match buffer.get(blanks) {
+                Some(b'\n') => {
                     self.line += 1;
-                    self.reader.consume(1);
+                    self.reader.consume(blanks + 1);
                 }
-                b' ' | b'\t' | b'\r' => self.reader.consume(1),
-                b'{' => return Ok(Syntax::Json),
-                _ => return Ok(Syntax::Yaml),
+                Some(b'{') => return Ok(Syntax::Json),
+                Some(_) => return Ok(Syntax::Yaml),
+                // Blanks up to the end of the buffer (a line of more blanks than it holds):
+                // consumed, they cannot be more than indentation.
+                None => self.reader.consume(blanks),
             }
         }
     }

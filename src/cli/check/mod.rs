@@ -114,12 +114,18 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
                 }
             };
             let objects = manifest::objects(std::slice::from_ref(&document));
+            for warning in objects.iter().flat_map(manifest::Object::unknown_fields) {
+                report.warning(log, warning);
+            }
             // The first pass learnt the facts; their errors are reported here, in place.
             for object in objects.iter().filter(|o| findings::is_fact(&o.value)) {
                 if let Err(message) = findings::learn(&mut StaticView::default(), object) {
                     report.error(log, message);
                 }
             }
+            // Decode errors name their line (of a single object; a List's items are judged
+            // together, so not theirs).
+            let _lines = document.field_lines(None);
             let checked = findings::check(&objects, policy, view, &args.namespace);
             for finding in &checked.findings {
                 tally.add(finding.verdict, &finding.kind);

@@ -2191,7 +2191,7 @@ fn the_kinds_of_other_operators_and_trainjobs_are_told_what_protects_them() {
     }
     assert!(
         out.stderr.contains(
-            "summary: 9 object(s): 1 mutated (ClusterTrainingRuntime 1), 1 unchanged \
+            "summary: 9 object(s): 1 mutated (ClusterTrainingRuntime 1), 1 skipped \
              (TrainingRuntime 1), 7 not handled (Job 1, LeaderWorkerSet 1, MPIJob 1, RayJob 1, \
              TrainJob 3)"
         ),

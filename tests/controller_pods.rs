@@ -207,6 +207,16 @@ fn evictions_sent(world: &World) -> usize {
         .count()
 }
 
+/// How many evictions of pod `ml/<name>` the fake received.
+fn evictions_of(world: &World, name: &str) -> usize {
+    world
+        .fake
+        .writes()
+        .iter()
+        .filter(|w| w.path == format!("/api/v1/namespaces/ml/pods/{name}/eviction"))
+        .count()
+}
+
 async fn two_pods_to_evict() -> World {
     let objects = vec![
         (NODES, gpu_node("gpu-1", 8, 8)),
@@ -274,14 +284,6 @@ async fn a_throttled_eviction_is_retried_on_the_next_pass_not_backed_off_like_a_
 async fn a_pod_a_budget_refuses_waits_on_its_own_and_does_not_starve_the_others() {
     let mut world = two_pods_to_evict().await;
     world.fake.lock().eviction_refused.insert("a".to_owned());
-    let evictions_of = |world: &World, name: &str| {
-        world
-            .fake
-            .writes()
-            .iter()
-            .filter(|w| w.path == format!("/api/v1/namespaces/ml/pods/{name}/eviction"))
-            .count()
-    };
     // a is refused: its token goes back, and b (after it) is evicted in the same pass.
     let report = world.pass(0).await;
     assert_eq!(report.evicted, ["ml/b"]);
@@ -555,14 +557,6 @@ async fn a_forbidden_eviction_backs_off_and_leaves_the_budget_to_the_other_pods(
             ),
         ),
     );
-    let evictions_of = |world: &World, name: &str| {
-        world
-            .fake
-            .writes()
-            .iter()
-            .filter(|w| w.path == format!("/api/v1/namespaces/ml/pods/{name}/eviction"))
-            .count()
-    };
     let report = world.pass(0).await;
     assert_eq!(report.evicted, ["ml/b"]);
     assert!(report.errors[0].contains("403 Forbidden"), "{report:?}");

@@ -957,7 +957,9 @@ fn a_gang_job_ignores_the_failures_of_the_peers_of_a_device_failure() {
     assert_eq!(gang_annotation(&outcome), Some("true"));
     assert!(rules::job::check_job(&outcome.job).is_empty());
     assert!(
-        outcome.summary().contains("pod annotation gpu-guard.io/gang"),
+        outcome
+            .summary()
+            .contains("pod annotation gpu-guard.io/gang"),
         "{}",
         outcome.summary()
     );
@@ -968,7 +970,14 @@ fn a_gang_job_ignores_the_failures_of_the_peers_of_a_device_failure() {
         ..ObjectMeta::default()
     });
     let outcome = mutate_job(&annotated, &policy);
-    let annotations = outcome.job.spec.as_ref().unwrap().template.metadata.as_ref();
+    let annotations = outcome
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref();
     assert_eq!(
         annotations.and_then(|m| m.annotations.clone()),
         Some(BTreeMap::from([
@@ -1003,7 +1012,10 @@ fn jobs_that_are_not_gangs_get_no_peer_rule() {
         "false".to_owned(),
     )]));
     let cases = [
-        ("indexed, parallelism below completions", indexed_job(Some(2), 4)),
+        (
+            "indexed, parallelism below completions",
+            indexed_job(Some(2), 4),
+        ),
         ("indexed, parallelism defaulted to 1", indexed_job(None, 4)),
         ("indexed, a single index", indexed_job(Some(1), 1)),
         (
@@ -1055,7 +1067,11 @@ fn a_gang_jobs_own_peer_rule_wins_and_its_pods_are_still_announced() {
     let outcome = mutate_job(&job, &policy);
     let mut expected = default_rules_for(&["main"]);
     expected.push(own);
-    assert_eq!(rules(&outcome), expected, "no second rule for the condition");
+    assert_eq!(
+        rules(&outcome),
+        expected,
+        "no second rule for the condition"
+    );
     assert!(
         outcome.warnings.iter().any(|w| w
             == "the Job's own FailJob rule handles gpu-guard.io/PeerDeviceFailure=True; \
@@ -1095,7 +1111,10 @@ fn the_peer_rule_follows_the_device_failure_rule_and_counts_toward_the_limit() {
     );
     // No DeviceFailure rule in the policy: no peer rule, no annotation.
     let mut none = Policy::embedded();
-    none.mutation.pod_failure_policy.pod_condition_rules.truncate(1);
+    none.mutation
+        .pod_failure_policy
+        .pod_condition_rules
+        .truncate(1);
     let outcome = mutate_job(&indexed_job(Some(4), 4), &none);
     assert_eq!(rules(&outcome).len(), 2);
     assert_eq!(gang_annotation(&outcome), None);
@@ -1111,14 +1130,20 @@ fn the_peer_rule_follows_the_device_failure_rule_and_counts_toward_the_limit() {
     let outcome = mutate_job(&crowded, &Policy::embedded());
     let all = rules(&outcome);
     assert_eq!(all.len(), 19);
-    assert_eq!(all[2], condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore"));
+    assert_eq!(
+        all[2],
+        condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore")
+    );
     assert_eq!(
         all[3],
         json!({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}})
     );
     assert!(rules::job::check_job(&outcome.job).is_empty());
     assert!(
-        outcome.warnings.iter().any(|w| w.contains("match every container")),
+        outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("match every container")),
         "{:?}",
         outcome.warnings
     );

@@ -317,14 +317,7 @@ impl Reconciler {
         }
         self.node_states = node_states;
         report.stopped = self
-            .pods_pass(
-                pods,
-                &caches.pods,
-                &caches.claims,
-                &opted_in,
-                now,
-                &mut report,
-            )
+            .pods_pass(pods, caches, &opted_in, now, &mut report)
             .await
             .is_err();
         self.opted_in = opted_in;
@@ -341,14 +334,7 @@ impl Reconciler {
         }
         let opted_in = caches.namespaces.names();
         report.stopped = self
-            .pods_pass(
-                pods,
-                &caches.pods,
-                &caches.claims,
-                &opted_in,
-                now,
-                &mut report,
-            )
+            .pods_pass(pods, caches, &opted_in, now, &mut report)
             .await
             .is_err();
         report

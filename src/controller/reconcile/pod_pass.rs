@@ -14,8 +14,9 @@ use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::events::EventType;
 
+use super::Caches;
 use super::events::REASON_EVICTED;
-use super::pods::{ClaimDrivers, PodCache};
+use super::pods::PodCache;
 use super::throttle::Backoff;
 use super::{PassReport, Reconciler, Stop, Write, WriteError};
 use crate::controller::pod::{Action, Cause, PodFacts, verdict};
@@ -23,13 +24,13 @@ use crate::controller::pod::{Action, Cause, PodFacts, verdict};
 impl Reconciler {
     /// Judges and acts on `pods` (device pods' facts, sorted) of the `opted_in` namespaces, at
     /// `now`, against the node states of the last node pass; a pod's ResourceClaims count as
-    /// the devices of the drivers that allocated them (`claims`); the peers of a gang pod hit
-    /// by a device failure are found in `cache`. `Err(Stop)` when leadership ran out.
+    /// the devices of the drivers that allocated them (`caches.claims`); the peers of a gang
+    /// pod hit by a device failure are found in `caches.pods`. `Err(Stop)` when leadership ran
+    /// out.
     pub(super) async fn pods_pass(
         &mut self,
         pods: Vec<Arc<PodFacts>>,
-        cache: &PodCache,
-        claims: &ClaimDrivers,
+        caches: &Caches,
         opted_in: &HashSet<String>,
         now: Timestamp,
         report: &mut PassReport,
@@ -38,7 +39,7 @@ impl Reconciler {
             if !opted_in.contains(&pod.namespace) {
                 continue;
             }
-            let pod = claims.resolve(pod, &self.policy);
+            let pod = caches.claims.resolve(pod, &self.policy);
             let node_state = pod
                 .node
                 .as_ref()
@@ -55,7 +56,7 @@ impl Reconciler {
                     marked_now = true;
                 }
             }
-            self.mark_peers(&pod, marked_now, cache, now, report)
+            self.mark_peers(&pod, marked_now, &caches.pods, now, report)
                 .await?;
             let Action::Act { cause, evict, .. } = action else {
                 continue;

@@ -478,6 +478,7 @@ async fn the_peers_of_a_gang_pod_are_marked_from_its_watch_event() {
             latency < Duration::from_millis(900),
             "{peer} after {latency:?}"
         );
+        eprintln!("event-to-write latency of the peer mark of {peer}: {latency:?}");
     }
     // Counted once each mark is answered (the fake stores a patch before it answers).
     eventually("three peer marks counted", || {

@@ -130,47 +130,19 @@ impl Marker {
         cause: &Cause,
         now: Timestamp,
     ) -> Result<bool, WriteError> {
-        if !self.leading() {
-            return Err(WriteError::NotLeading);
-        }
-        if !self.claimed().insert(pod.uid.clone()) {
-            return Ok(false);
-        }
-        let written = self.patch(pod, cause, now).await;
-        if written.is_err() {
-            self.claimed().remove(&pod.uid);
-        }
-        match written {
-            Err(WriteError::Api(error)) if replaced(&error) => {
-                // The cache lags: the pod it knows is gone, and another took its name. The
-                // new pod is judged on its own, from its own watch event.
-                tracing::info!(pod = %pod.id(), uid = %pod.uid,
-                    "not marked: the pod was replaced by another of the same name ({error})");
-                return Ok(false);
-            }
-            written => written?,
-        }
-        self.metrics.pods_marked.inc();
-        let note = cause.message();
-        let id = pod.id();
-        let prefix = if self.dry_run {
-            tracing::info!(pod = %id, reason = cause.reason(),
-                "dry run: would add the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
-            "dry run: would mark: "
-        } else {
-            tracing::info!(pod = %id, reason = cause.reason(),
-                "added the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
-            ""
-        };
-        self.events.send(
-            PendingEvent {
-                regarding: pod.object_ref(),
-                reason: REASON_MARKED,
-                note: format!("{prefix}{note}"),
+        self.write_condition(
+            pod,
+            ConditionWrite {
+                claims: &self.claimed,
+                patch: pod::condition_patch(&pod.uid, cause, now),
+                condition: DEVICE_FAILURE_CONDITION,
+                event_reason: REASON_MARKED,
+                counter: &self.metrics.pods_marked,
+                note: cause.message(),
+                why: cause.reason(),
             },
-            &self.metrics,
-        );
-        Ok(true)
+        )
+        .await
     }
 
     /// Adds `gpu-guard.io/PeerDeviceFailure=True` to `peer`, a running pod of the gang of
@@ -182,40 +154,63 @@ impl Marker {
         failed: &PodFacts,
         now: Timestamp,
     ) -> Result<bool, WriteError> {
+        self.write_condition(
+            peer,
+            ConditionWrite {
+                claims: &self.peers_claimed,
+                patch: pod::peer_condition_patch(&peer.uid, failed, now),
+                condition: PEER_DEVICE_FAILURE_CONDITION,
+                event_reason: REASON_PEER_MARKED,
+                counter: &self.metrics.peers_marked,
+                note: pod::peer_message(failed),
+                why: pod::REASON_PEER_DEVICE_FAILURE,
+            },
+        )
+        .await
+    }
+
+    /// One condition on one pod, once per term: claimed first (the cache lags behind our own
+    /// writes), released when the write fails; counted, logged and told in an Event when made.
+    async fn write_condition(
+        &self,
+        pod: &PodFacts,
+        write: ConditionWrite<'_>,
+    ) -> Result<bool, WriteError> {
         if !self.leading() {
             return Err(WriteError::NotLeading);
         }
-        if !lock(&self.peers_claimed).insert(peer.uid.clone()) {
+        if !lock(write.claims).insert(pod.uid.clone()) {
             return Ok(false);
         }
-        let patch = pod::peer_condition_patch(&peer.uid, failed, now);
-        let written = self.send(peer, patch).await;
+        let written = self.send(pod, write.patch).await;
         if written.is_err() {
-            lock(&self.peers_claimed).remove(&peer.uid);
+            lock(write.claims).remove(&pod.uid);
         }
         match written {
             Err(WriteError::Api(error)) if replaced(&error) => {
-                tracing::info!(pod = %peer.id(), uid = %peer.uid,
-                    "not marked as a peer: the pod was replaced by another of the same name ({error})");
+                // The cache lags: the pod it knows is gone, and another took its name. The
+                // new pod is judged on its own, from its own watch event.
+                tracing::info!(pod = %pod.id(), uid = %pod.uid, condition = write.condition,
+                    "not marked: the pod was replaced by another of the same name ({error})");
                 return Ok(false);
             }
             written => written?,
         }
-        self.metrics.peers_marked.inc();
-        let note = pod::peer_message(failed);
+        write.counter.inc();
+        let (id, note, condition) = (pod.id(), write.note, write.condition);
         let prefix = if self.dry_run {
-            tracing::info!(pod = %peer.id(), failed = %failed.id(),
-                "dry run: would add the condition {}=True: {note}", PEER_DEVICE_FAILURE_CONDITION);
+            tracing::info!(pod = %id, reason = write.why,
+                "dry run: would add the condition {condition}=True: {note}");
             "dry run: would mark: "
         } else {
-            tracing::info!(pod = %peer.id(), failed = %failed.id(),
-                "added the condition {}=True: {note}", PEER_DEVICE_FAILURE_CONDITION);
+            tracing::info!(pod = %id, reason = write.why,
+                "added the condition {condition}=True: {note}");
             ""
         };
         self.events.send(
             PendingEvent {
-                regarding: peer.object_ref(),
-                reason: REASON_PEER_MARKED,
+                regarding: pod.object_ref(),
+                reason: write.event_reason,
                 note: format!("{prefix}{note}"),
             },
             &self.metrics,
@@ -260,11 +255,6 @@ impl Marker {
             .collect()
     }
 
-    async fn patch(&self, pod: &PodFacts, cause: &Cause, now: Timestamp) -> Result<(), WriteError> {
-        self.send(pod, pod::condition_patch(&pod.uid, cause, now))
-            .await
-    }
-
     /// Sends a strategic merge patch of the pod's status.
     async fn send(&self, pod: &PodFacts, patch: serde_json::Value) -> Result<(), WriteError> {
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
@@ -286,6 +276,21 @@ impl Marker {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One condition write of [`Marker::write_condition`].
+struct ConditionWrite<'a> {
+    /// The pods (by uid) written this term.
+    claims: &'a Mutex<HashSet<String>>,
+    patch: serde_json::Value,
+    /// Its type, for the log.
+    condition: &'static str,
+    event_reason: &'static str,
+    counter: &'a prometheus_client::metrics::counter::Counter,
+    /// The Event's note.
+    note: String,
+    /// The condition's reason, for the log.
+    why: &'static str,
 }
 
 /// Whether the API server refused a write for a pod's uid: the pod was deleted and another

@@ -826,3 +826,55 @@ async fn peers_are_marked_only_once_a_gang_pods_failure_is_real() {
         Some(1)
     );
 }
+
+/// In a dry run the peers are marked as they would be: each status patch sent with
+/// `dryRun=All`, nothing stored, Events saying "dry run: would mark", the metric counting; a
+/// later pass does not send them again although the cache never shows the marks.
+#[tokio::test]
+async fn in_a_dry_run_peer_marks_are_sent_with_dry_run_and_not_repeated() {
+    const BEFORE: &str = "2027-01-15T07:00:00Z";
+    let mut objects = vec![(NAMESPACES, namespace("ml", true))];
+    for index in 0..3 {
+        let node = format!("gpu-{}", index + 1);
+        objects.push((NODES, gpu_node(&node, 8, 8)));
+        let name = format!("train-{index}");
+        objects.push((PODS, rank("train", index, &name, &node, index == 0, BEFORE)));
+    }
+    let mut world = World::start(policy(|p| p.controller.dry_run = true), objects).await;
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/train-0"]);
+    assert_eq!(report.peers_marked, ["ml/train-1", "ml/train-2"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 3, "{writes:?}");
+    for write in &writes {
+        assert_eq!(write.param("dryRun"), Some("All"), "{write:?}");
+    }
+    for name in ["train-1", "train-2"] {
+        assert_eq!(
+            world.fake.object(PODS, &format!("ml/{name}"))["status"]["conditions"],
+            json!([{"type": "Ready", "status": "True"}]),
+            "a dry-run status patch is not stored"
+        );
+    }
+    eventually("three Events", || world.fake.events().len() == 3).await;
+    let events = world.fake.events();
+    assert!(
+        events
+            .iter()
+            .all(|(_, _, note)| note.starts_with("dry run: would mark: ")),
+        "{events:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|(reason, _, _)| reason == "PeerDeviceFailureMarked")
+            .count(),
+        2
+    );
+    assert_eq!(world.metrics.peers_marked.get(), 2);
+
+    world.fake.clear_requests();
+    let report = world.pass(15).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty());
+}

@@ -1165,3 +1165,39 @@ fn a_mutated_gang_job_is_not_changed_again() {
     assert!(twice.changes.is_empty(), "{:?}", twice.changes);
     assert_eq!(twice.job, once.job);
 }
+
+#[test]
+fn a_policy_that_names_the_peer_condition_itself_places_it_for_every_job() {
+    let mut policy = Policy::embedded();
+    policy
+        .mutation
+        .pod_failure_policy
+        .pod_condition_rules
+        .insert(
+            0,
+            crate::policy::PodConditionRule {
+                condition_type: "gpu-guard.io/PeerDeviceFailure".to_owned(),
+                status: crate::policy::ConditionStatus::True,
+                action: RuleAction::Ignore,
+            },
+        );
+    let peer_first = |outcome: &Outcome| {
+        let all = rules(outcome);
+        assert_eq!(
+            all[0],
+            condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore")
+        );
+        assert_eq!(
+            all.iter()
+                .filter(|rule| rule.to_string().contains("PeerDeviceFailure"))
+                .count(),
+            1
+        );
+    };
+    let plain = mutate_job(&gpu_job(json!({}), json!({})), &policy);
+    peer_first(&plain);
+    assert_eq!(gang_annotation(&plain), None);
+    let gang = mutate_job(&indexed_job(Some(4), 4), &policy);
+    peer_first(&gang);
+    assert_eq!(gang_annotation(&gang), Some("true"));
+}

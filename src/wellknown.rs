@@ -18,12 +18,21 @@ pub const SKIP_ANNOTATION: &str = "gpu-guard.io/skip";
 pub const INJECT_KEY: &str = "gpu-guard.io/inject";
 /// The annotation gpu-guard adds to a Job it changed, listing what it changed.
 pub const MUTATED_ANNOTATION: &str = "gpu-guard.io/mutated";
+/// A Job's label or annotation saying whether its pods are a gang (ranks of one program, as
+/// under torchrun or MPI): `"true"` for any Job, `"false"` for an Indexed Job whose
+/// parallelism equals its completions that is not one. On a pod template (and so on the pods)
+/// gpu-guard sets it to `"true"`: the controller marks the running peers of a gang pod hit by a
+/// device failure.
+pub const GANG_KEY: &str = "gpu-guard.io/gang";
 
 // === pod conditions and node taints ===
 
 /// The pod condition the controller adds to a pod hit by an unhealthy device; the injected
 /// podFailurePolicy ignores failures that carry it.
 pub const DEVICE_FAILURE_CONDITION: &str = "gpu-guard.io/DeviceFailure";
+/// The pod condition the controller adds to the running peers of a gang pod that got
+/// [`DEVICE_FAILURE_CONDITION`]: they fail next, of the collective's error, not of their own.
+pub const PEER_DEVICE_FAILURE_CONDITION: &str = "gpu-guard.io/PeerDeviceFailure";
 /// The taint key the controller puts on a GPU node whose devices degraded.
 pub const DEGRADED_TAINT_KEY: &str = "gpu-guard.io/device-degraded";
 /// The node annotation that records gpu-guard's ownership of its taint (the exact taint and

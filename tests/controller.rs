@@ -405,6 +405,98 @@ async fn eight_pods_hit_at_once_are_marked_together_without_waiting_for_their_ev
     running.shutdown().await;
 }
 
+/// A torchrun gang as one Indexed Job: when rank 2's GPU is reported unhealthy, the event path
+/// marks its pod and then, without waiting for a pass, its three running peers (they fail a
+/// little later, of the collective's error, and must carry the condition by then). A gang pod
+/// of another Job on the same node is not touched.
+#[tokio::test]
+async fn the_peers_of_a_gang_pod_are_marked_from_its_watch_event() {
+    let rank = |job: &str, index: u32, node: &str, unhealthy: bool| {
+        let name = format!("{job}-{index}");
+        let mut pod = pod("ml", &name, node, true, unhealthy);
+        pod["metadata"]["creationTimestamp"] = json!("2027-01-15T07:00:00Z");
+        pod["metadata"]["labels"] =
+            json!({"batch.kubernetes.io/controller-uid": format!("uid-{job}")});
+        pod["metadata"]["annotations"] = json!({"gpu-guard.io/gang": "true",
+            "batch.kubernetes.io/job-completion-index": index.to_string()});
+        pod
+    };
+    let fake = Fake::start().await;
+    fake.put(NAMESPACES, namespace("ml", true));
+    for index in 0..4 {
+        let node = format!("gpu-{index}");
+        fake.put(NODES, gpu_node(&node, 8, 8));
+        fake.put(PODS, rank("train", index, &node, false));
+    }
+    fake.put(PODS, rank("other", 0, "gpu-2", false));
+    let policy = policy(|p| p.controller.resync_seconds = 3600);
+    let running = run::start(fake.config(), policy, without_election())
+        .await
+        .expect("start");
+    eventually("five device pods cached", || {
+        running.metrics.device_pods.get() == 5
+    })
+    .await;
+    let reported = Instant::now();
+    fake.put(PODS, rank("train", 2, "gpu-2", true));
+    let conditions = |name: &str| -> Vec<String> {
+        fake.object(PODS, &format!("ml/{name}"))["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["type"].as_str().map(str::to_owned))
+            .collect()
+    };
+    eventually("the three peers marked", || {
+        ["train-0", "train-1", "train-3"]
+            .iter()
+            .all(|peer| conditions(peer).contains(&"gpu-guard.io/PeerDeviceFailure".to_owned()))
+    })
+    .await;
+    assert_eq!(
+        conditions("train-2"),
+        ["Ready", "gpu-guard.io/DeviceFailure"]
+    );
+    assert_eq!(conditions("other-0"), ["Ready"]);
+    // Marked from the watch event: a pass over the changed pods would start a second after the
+    // event, the resync is an hour away.
+    let requests = fake.requests();
+    let mark_of = |name: &str| {
+        requests
+            .iter()
+            .find(|r| r.path == format!("/api/v1/namespaces/ml/pods/{name}/status"))
+            .map(|r| r.received)
+            .expect("a mark")
+    };
+    for peer in ["train-0", "train-1", "train-3"] {
+        assert!(
+            mark_of(peer) > mark_of("train-2"),
+            "{peer} before the failed pod"
+        );
+        let latency = mark_of(peer) - reported;
+        assert!(
+            latency < Duration::from_millis(900),
+            "{peer} after {latency:?}"
+        );
+        eprintln!("event-to-write latency of the peer mark of {peer}: {latency:?}");
+    }
+    // Counted once each mark is answered (the fake stores a patch before it answers).
+    eventually("three peer marks counted", || {
+        running.metrics.peers_marked.get() == 3
+    })
+    .await;
+    assert_eq!(running.metrics.pods_marked.get(), 1);
+    eventually("three PeerDeviceFailureMarked Events", || {
+        fake.events()
+            .iter()
+            .filter(|(reason, _, _)| reason == "PeerDeviceFailureMarked")
+            .count()
+            == 3
+    })
+    .await;
+    running.shutdown().await;
+}
+
 /// One replica, no election, the admin port on any free port.
 fn without_election() -> ControllerOptions {
     ControllerOptions {

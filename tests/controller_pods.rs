@@ -622,3 +622,253 @@ async fn a_pod_recreated_under_the_same_name_is_not_marked_or_evicted_from_a_sta
     assert_eq!(report, PassReport::default());
     assert!(world.fake.writes().is_empty());
 }
+
+/// A rank of the 4-rank Indexed Job `job` (uid `uid-<job>`), annotated a gang by the mutation,
+/// created at `created`.
+fn rank(job: &str, index: u32, name: &str, node: &str, unhealthy: bool, created: &str) -> Value {
+    let mut pod = pod("ml", name, node, true, unhealthy);
+    pod["metadata"]["creationTimestamp"] = json!(created);
+    pod["metadata"]["labels"] = json!({
+        "batch.kubernetes.io/controller-uid": format!("uid-{job}"),
+        "batch.kubernetes.io/job-name": job,
+    });
+    pod["metadata"]["annotations"] = json!({
+        "gpu-guard.io/gang": "true",
+        "batch.kubernetes.io/job-completion-index": index.to_string(),
+    });
+    pod["metadata"]["ownerReferences"][0]["name"] = json!(job);
+    pod["metadata"]["ownerReferences"][0]["uid"] = json!(format!("uid-{job}"));
+    pod
+}
+
+const PEER_MESSAGE: &str = "pod train-2 of the same gang, on node gpu-3, was hit by a device \
+                            failure; gpu-guard marks this peer so its failure, which follows \
+                            from it, is retried";
+
+/// A torchrun gang as one Indexed Job (4 ranks on 4 nodes); rank 2's GPU fails. Its pod gets
+/// `DeviceFailure`, its three running peers `PeerDeviceFailure` in the same pass, before they
+/// fail of the collective's error. A pod of another gang on rank 2's node, a rank of an earlier
+/// attempt that has failed already, and a replacement created after the mark get nothing.
+#[tokio::test]
+async fn the_running_peers_of_a_gang_pod_hit_by_a_device_failure_are_marked() {
+    const BEFORE: &str = "2027-01-15T07:00:00Z";
+    let mut old_rank = rank(
+        "train",
+        1,
+        "train-1-old",
+        "gpu-2",
+        false,
+        "2027-01-15T06:00:00Z",
+    );
+    old_rank["status"]["phase"] = json!("Failed");
+    let mut objects = vec![
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, rank("other", 0, "other-0", "gpu-3", false, BEFORE)),
+        (PODS, old_rank),
+    ];
+    for index in 0..4 {
+        let node = format!("gpu-{}", index + 1);
+        objects.push((NODES, gpu_node(&node, 8, 8)));
+        let name = format!("train-{index}");
+        objects.push((PODS, rank("train", index, &name, &node, index == 2, BEFORE)));
+    }
+    let mut world = World::start(policy(|_| {}), objects).await;
+
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/train-2"]);
+    assert_eq!(
+        report.peers_marked,
+        ["ml/train-0", "ml/train-1", "ml/train-3"]
+    );
+    assert!(report.errors.is_empty(), "{report:?}");
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 4, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/namespaces/ml/pods/train-2/status");
+    let mut peer_paths: Vec<&str> = writes[1..].iter().map(|w| w.path.as_str()).collect();
+    peer_paths.sort();
+    assert_eq!(
+        peer_paths,
+        [
+            "/api/v1/namespaces/ml/pods/train-0/status",
+            "/api/v1/namespaces/ml/pods/train-1/status",
+            "/api/v1/namespaces/ml/pods/train-3/status",
+        ]
+    );
+    let to_train_0 = writes
+        .iter()
+        .find(|w| w.path.ends_with("/train-0/status"))
+        .expect("train-0's mark");
+    assert_eq!(
+        to_train_0.content_type.as_deref(),
+        Some("application/strategic-merge-patch+json")
+    );
+    assert_eq!(
+        to_train_0.body,
+        json!({"metadata": {"uid": "uid-ml-train-0"}, "status": {"conditions": [{
+            "type": "gpu-guard.io/PeerDeviceFailure",
+            "status": "True",
+            "reason": "PeerDeviceFailure",
+            "message": PEER_MESSAGE,
+            "lastTransitionTime": "2027-01-15T08:00:00Z",
+        }]}})
+    );
+    // The peers keep their other conditions and are not given DeviceFailure.
+    let types = |name: &str| -> Vec<String> {
+        world.fake.object(PODS, &format!("ml/{name}"))["status"]["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .map(|c| c["type"].as_str().expect("a type").to_owned())
+            .collect()
+    };
+    assert_eq!(types("train-2"), ["Ready", "gpu-guard.io/DeviceFailure"]);
+    for peer in ["train-0", "train-1", "train-3"] {
+        assert_eq!(
+            types(peer),
+            ["Ready", "gpu-guard.io/PeerDeviceFailure"],
+            "{peer}"
+        );
+    }
+    for untouched in ["other-0", "train-1-old"] {
+        assert_eq!(types(untouched), ["Ready"], "{untouched}");
+    }
+    assert_eq!(world.metrics.pods_marked.get(), 1);
+    assert_eq!(world.metrics.peers_marked.get(), 3);
+    eventually("four Events", || world.fake.events().len() == 4).await;
+    let mut events: Vec<(String, String, String)> = world.fake.events();
+    events.sort();
+    assert_eq!(events[0].0, "DeviceFailureMarked");
+    assert_eq!(events[0].1, "train-2");
+    for (event, peer) in events[1..].iter().zip(["train-0", "train-1", "train-3"]) {
+        assert_eq!(
+            (event.0.as_str(), event.1.as_str()),
+            ("PeerDeviceFailureMarked", peer)
+        );
+        assert_eq!(event.2, PEER_MESSAGE);
+    }
+
+    // Rank 2 fails and is replaced; rank 3 fails too and its replacement (a new index-3 pod,
+    // created after the mark) starts. Later passes mark nothing more: the replacements did not
+    // run beside the failed pod.
+    world.pod_cached("train-3", |pod| pod.peer_marked).await;
+    let mut failed = world.fake.object(PODS, "ml/train-2");
+    failed["status"]["phase"] = json!("Failed");
+    world.fake.put(PODS, failed);
+    let mut failed = world.fake.object(PODS, "ml/train-3");
+    failed["status"]["phase"] = json!("Failed");
+    world.fake.put(PODS, failed);
+    let after = "2027-01-15T08:00:30Z";
+    world
+        .fake
+        .put(PODS, rank("train", 2, "train-2-b", "gpu-1", false, after));
+    world
+        .fake
+        .put(PODS, rank("train", 3, "train-3-b", "gpu-4", false, after));
+    world.pod_cached("train-3-b", |_| true).await;
+    world
+        .pod_cached("train-2", |pod| pod.phase.as_deref() == Some("Failed"))
+        .await;
+    world.fake.clear_requests();
+    let report = world.pass(60).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty());
+}
+
+/// A gang pod marked only because its node is degraded, running on a healthy GPU, leaves its
+/// peers alone; once it fails, the peers that ran beside it are marked. A pod not annotated a
+/// gang (its Job did not get the peer rule) never has its peers marked.
+#[tokio::test]
+async fn peers_are_marked_only_once_a_gang_pods_failure_is_real() {
+    const BEFORE: &str = "2027-01-15T07:00:00Z";
+    let mut plain = pod("ml", "solo-0", "gpu-1", true, false);
+    plain["metadata"]["labels"] = json!({"batch.kubernetes.io/controller-uid": "uid-solo"});
+    let objects = vec![
+        (NODES, gpu_node("gpu-1", 8, 7)),
+        (NODES, gpu_node("gpu-2", 8, 8)),
+        (NAMESPACES, namespace("ml", true)),
+        (PODS, rank("train", 0, "train-0", "gpu-1", false, BEFORE)),
+        (PODS, rank("train", 1, "train-1", "gpu-2", false, BEFORE)),
+        (PODS, plain),
+        (PODS, {
+            let mut peer = pod("ml", "solo-1", "gpu-2", true, false);
+            peer["metadata"]["labels"] = json!({"batch.kubernetes.io/controller-uid": "uid-solo"});
+            peer
+        }),
+    ];
+    let mut world = World::start(policy(|_| {}), objects).await;
+    world.pass(0).await;
+    let report = world.pass(120).await;
+    assert_eq!(report.tainted, ["gpu-1"]);
+    assert_eq!(report.marked, ["ml/solo-0", "ml/train-0"]);
+    assert!(report.peers_marked.is_empty(), "{report:?}");
+
+    world.pod_cached("train-0", |pod| pod.marked).await;
+    for name in ["train-0", "solo-0"] {
+        let mut failed = world.fake.object(PODS, &format!("ml/{name}"));
+        failed["status"]["phase"] = json!("Failed");
+        world.fake.put(PODS, failed);
+        world
+            .pod_cached(name, |pod| pod.phase.as_deref() == Some("Failed"))
+            .await;
+    }
+    let report = world.pass(135).await;
+    assert_eq!(report.peers_marked, ["ml/train-1"], "{report:?}");
+    assert!(report.marked.is_empty());
+    let solo_1 = world.fake.object(PODS, "ml/solo-1");
+    assert_eq!(
+        solo_1["status"]["conditions"].as_array().map(Vec::len),
+        Some(1)
+    );
+}
+
+/// In a dry run the peers are marked as they would be: each status patch sent with
+/// `dryRun=All`, nothing stored, Events saying "dry run: would mark", the metric counting; a
+/// later pass does not send them again although the cache never shows the marks.
+#[tokio::test]
+async fn in_a_dry_run_peer_marks_are_sent_with_dry_run_and_not_repeated() {
+    const BEFORE: &str = "2027-01-15T07:00:00Z";
+    let mut objects = vec![(NAMESPACES, namespace("ml", true))];
+    for index in 0..3 {
+        let node = format!("gpu-{}", index + 1);
+        objects.push((NODES, gpu_node(&node, 8, 8)));
+        let name = format!("train-{index}");
+        objects.push((PODS, rank("train", index, &name, &node, index == 0, BEFORE)));
+    }
+    let mut world = World::start(policy(|p| p.controller.dry_run = true), objects).await;
+    let report = world.pass(0).await;
+    assert_eq!(report.marked, ["ml/train-0"]);
+    assert_eq!(report.peers_marked, ["ml/train-1", "ml/train-2"]);
+    let writes = world.fake.writes();
+    assert_eq!(writes.len(), 3, "{writes:?}");
+    for write in &writes {
+        assert_eq!(write.param("dryRun"), Some("All"), "{write:?}");
+    }
+    for name in ["train-1", "train-2"] {
+        assert_eq!(
+            world.fake.object(PODS, &format!("ml/{name}"))["status"]["conditions"],
+            json!([{"type": "Ready", "status": "True"}]),
+            "a dry-run status patch is not stored"
+        );
+    }
+    eventually("three Events", || world.fake.events().len() == 3).await;
+    let events = world.fake.events();
+    assert!(
+        events
+            .iter()
+            .all(|(_, _, note)| note.starts_with("dry run: would mark: ")),
+        "{events:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|(reason, _, _)| reason == "PeerDeviceFailureMarked")
+            .count(),
+        2
+    );
+    assert_eq!(world.metrics.peers_marked.get(), 2);
+
+    world.fake.clear_requests();
+    let report = world.pass(15).await;
+    assert_eq!(report, PassReport::default());
+    assert!(world.fake.writes().is_empty());
+}

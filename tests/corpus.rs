@@ -684,7 +684,8 @@ fn kept_content_problems(input: &Value, output: &Value) -> Vec<String> {
 
 /// Removes what gpu-guard writes: the `gpu-guard.io/mutated` annotation; in each Job spec
 /// (of a Job, a CronJob's jobTemplate, each replicated Job) `podFailurePolicy`,
-/// `podReplacementPolicy` and `activeDeadlineSeconds`, and in its pod template `restartPolicy`,
+/// `podReplacementPolicy` and `activeDeadlineSeconds`, its pod template's `gpu-guard.io/gang`
+/// annotation, and in its pod template `restartPolicy`,
 /// `terminationGracePeriodSeconds`, `tolerations` and each container's `restartPolicy` and
 /// `restartPolicyRules`; a JobSet's `failurePolicy`. Nulls are removed too (gpu-guard may fill
 /// a null parent it writes into).
@@ -709,6 +710,10 @@ fn without_owned_fields(object: &mut Value) {
         let Some(spec) = object.pointer_mut(&pointer).and_then(Value::as_object_mut) else {
             continue;
         };
+        // A gang Job's pods are annotated for the controller.
+        if let Some(template) = spec.get_mut("template") {
+            without_annotation(template, "gpu-guard.io/gang");
+        }
         for field in [
             "podFailurePolicy",
             "podReplacementPolicy",
@@ -749,6 +754,12 @@ fn without_owned_fields(object: &mut Value) {
 /// Removes `metadata.annotations["gpu-guard.io/mutated"]` of `object`, and the annotations and
 /// metadata it leaves empty.
 fn without_mutated_annotation(object: &mut Value) {
+    without_annotation(object, "gpu-guard.io/mutated");
+}
+
+/// Removes `metadata.annotations[key]` of `object`, and the annotations and metadata it leaves
+/// empty.
+fn without_annotation(object: &mut Value, key: &str) {
     let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
         return;
     };
@@ -756,7 +767,7 @@ fn without_mutated_annotation(object: &mut Value) {
         .get_mut("annotations")
         .and_then(Value::as_object_mut)
     {
-        annotations.remove("gpu-guard.io/mutated");
+        annotations.remove(key);
         if annotations.is_empty() {
             metadata.remove("annotations");
         }

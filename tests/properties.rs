@@ -340,6 +340,11 @@ struct JobGen {
     inject_label: bool,
     inject_annotation: bool,
     app_label: bool,
+    /// 0-2: no gang; 3: Indexed with parallelism = completions; 4: labelled
+    /// `gpu-guard.io/gang: "true"`; 5: the gang shape, its template annotated `"false"`.
+    gang: u8,
+    /// The pod template has annotations of its own.
+    template_annotations: bool,
     /// Skip the fix-ups that keep the input valid (about one Job in ten).
     lax: bool,
 }
@@ -424,6 +429,9 @@ impl JobGen {
         if self.inject_label {
             labels.insert("gpu-guard.io/inject".into(), json!("true"));
         }
+        if self.gang == 4 {
+            labels.insert("gpu-guard.io/gang".into(), json!("true"));
+        }
         if !labels.is_empty() {
             metadata["labels"] = Value::Object(labels);
         }
@@ -446,6 +454,21 @@ impl JobGen {
             spec["completionMode"] = json!("Indexed");
             spec["completions"] = json!(4);
             spec["backoffLimitPerIndex"] = json!(per_index);
+        }
+        if matches!(self.gang, 3 | 5) {
+            spec["completionMode"] = json!("Indexed");
+            spec["completions"] = json!(4);
+            spec["parallelism"] = json!(4);
+        }
+        let mut template_annotations = Map::new();
+        if self.template_annotations {
+            template_annotations.insert("team".into(), json!("vision"));
+        }
+        if self.gang == 5 {
+            template_annotations.insert("gpu-guard.io/gang".into(), json!("false"));
+        }
+        if !template_annotations.is_empty() {
+            spec["template"]["metadata"]["annotations"] = Value::Object(template_annotations);
         }
         if let Some(deadline) = self.deadline {
             spec["activeDeadlineSeconds"] = json!(deadline);
@@ -538,11 +561,13 @@ fn job_gen() -> impl Strategy<Value = JobGen> {
         any::<bool>(),
         prop::bool::weighted(0.1),
     );
-    (shape, settings, flags).prop_map(
+    let gang = (0u8..6, prop::bool::weighted(0.3));
+    (shape, settings, flags, gang).prop_map(
         |(
             (names, containers, init_containers, rules, tolerations),
             (grace, on_failure, replacement, per_index, deadline),
             (skip, inject_label, inject_annotation, app_label, lax),
+            (gang, template_annotations),
         )| JobGen {
             names,
             containers,
@@ -558,6 +583,8 @@ fn job_gen() -> impl Strategy<Value = JobGen> {
             inject_label,
             inject_annotation,
             app_label,
+            gang,
+            template_annotations,
             lax,
         },
     )
@@ -630,6 +657,21 @@ fn without_owned_paths(job: &Job, annotations_were_absent: bool) -> Value {
             metadata.remove("annotations");
         }
     }
+    // A gang Job's pods are annotated; the template's own annotations stay.
+    if let Some(metadata) = pointer_mut(&mut value, "/spec/template/metadata") {
+        let now_empty = match metadata
+            .get_mut("annotations")
+            .and_then(Value::as_object_mut)
+        {
+            Some(annotations) => {
+                annotations.remove("gpu-guard.io/gang").is_some() && annotations.is_empty()
+            }
+            None => false,
+        };
+        if now_empty {
+            metadata.remove("annotations");
+        }
+    }
     if let Some(spec) = pointer_mut(&mut value, "/spec") {
         for key in [
             "podFailurePolicy",
@@ -692,8 +734,9 @@ impl Nullable {
     }
 }
 
-const NULLABLE: [Nullable; 11] = [
+const NULLABLE: [Nullable; 12] = [
     Nullable::absent("/metadata", "annotations"),
+    Nullable::absent("/spec/template/metadata", "annotations"),
     Nullable::absent("/metadata", "labels"),
     Nullable::absent("/spec", "podFailurePolicy"),
     Nullable::absent("/spec", "podReplacementPolicy"),
@@ -1232,6 +1275,7 @@ fn generated_jobs_exercise_every_kind_of_change() {
     }
     for name in [
         "SetAnnotation",
+        "SetTemplateAnnotation",
         "SetPodFailurePolicy",
         "PrependRules",
         "SetPodReplacementPolicy",

@@ -244,3 +244,44 @@ fn a_container_restart_rule_dropped_by_a_reapply_is_put_back() {
     let left = mutate_with(&review_of(JOB, &update, Some(&live), "alice"), &policy);
     assert_eq!(left.patch_bytes, 0);
 }
+
+#[test]
+fn a_gang_jobs_pod_annotation_is_put_back_with_its_rules() {
+    // A torchrun gang: one Indexed Job, every index at once.
+    let mut applied = applied_job();
+    applied["spec"]["completionMode"] = json!("Indexed");
+    applied["spec"]["completions"] = json!(4);
+    applied["spec"]["parallelism"] = json!(4);
+    let live = stored(&applied, &mutate(&review_of(JOB, &applied, None, "alice")));
+    assert_eq!(
+        live["spec"]["template"]["metadata"]["annotations"]["gpu-guard.io/gang"],
+        "true"
+    );
+    assert_eq!(
+        live["spec"]["podFailurePolicy"]["rules"][2]["onPodConditions"][0]["type"],
+        "gpu-guard.io/PeerDeviceFailure"
+    );
+
+    // A server-side apply keeps the annotation (a map merged by key that the manager never
+    // named) and drops the rules: only the rules come back.
+    let update = reapplied(&live, &applied, &["/spec/podFailurePolicy/rules"]);
+    let after = stored(
+        &update,
+        &mutate(&review_of(JOB, &update, Some(&live), "alice")),
+    );
+    assert_eq!(after["spec"], live["spec"]);
+
+    // The manifest put back whole (`kubectl replace`): the template has no metadata at all.
+    // Everything gpu-guard added comes back, the annotation with the parents it needs, so the
+    // immutable template is as it was.
+    let mut replaced = applied.clone();
+    replaced["metadata"] = live["metadata"].clone();
+    let reviewed = mutate(&review_of(JOB, &replaced, Some(&live), "alice"));
+    assert_eq!(reviewed.outcome, ReviewOutcome::Patched);
+    let after = stored(&replaced, &reviewed);
+    assert_eq!(after["spec"]["template"], live["spec"]["template"]);
+    assert_eq!(
+        after["spec"]["podFailurePolicy"],
+        live["spec"]["podFailurePolicy"]
+    );
+}

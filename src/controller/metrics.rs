@@ -8,13 +8,14 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 18] = [
+pub const METRIC_NAMES: [(&str, &str); 19] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
     ("gpu_guard_controller_taints_added_total", "counter"),
     ("gpu_guard_controller_taints_removed_total", "counter"),
     ("gpu_guard_controller_pods_marked_total", "counter"),
+    ("gpu_guard_controller_peer_pods_marked_total", "counter"),
     ("gpu_guard_controller_pods_evicted_total", "counter"),
     ("gpu_guard_controller_evictions_deferred_total", "counter"),
     ("gpu_guard_controller_safety_valve_trips_total", "counter"),
@@ -42,6 +43,9 @@ pub struct ControllerMetrics {
     pub taints_added: Counter,
     pub taints_removed: Counter,
     pub pods_marked: Counter,
+    /// Pods given `gpu-guard.io/PeerDeviceFailure` as running peers of a gang pod hit by a
+    /// device failure.
+    pub peers_marked: Counter,
     pub pods_evicted: Counter,
     pub evictions_deferred: Counter,
     pub safety_valve_trips: Counter,
@@ -103,6 +107,11 @@ impl Default for ControllerMetrics {
                 "controller_pods_marked",
                 "Pods given the condition gpu-guard.io/DeviceFailure=True (in a dry run: that would have been)"
             ),
+            peers_marked: register!(
+                Counter::default(),
+                "controller_peer_pods_marked",
+                "Running peers of a gang pod hit by a device failure given the condition gpu-guard.io/PeerDeviceFailure=True (in a dry run: that would have been)"
+            ),
             pods_evicted: register!(
                 Counter::default(),
                 "controller_pods_evicted",
@@ -156,7 +165,7 @@ impl Default for ControllerMetrics {
             events_dropped: register!(
                 Counter::default(),
                 "controller_events_dropped",
-                "Pod Events (DeviceFailureMarked) not published because their queue was full (the marks themselves were made)"
+                "Pod Events (DeviceFailureMarked, PeerDeviceFailureMarked) not published because their queue was full (the marks themselves were made)"
             ),
             vanished_forgotten: register!(
                 Counter::default(),

@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::{ContainerRestartRule, PodSpec, Toleration};
 pub enum Change {
     /// `metadata.annotations[key] = value`.
     SetAnnotation { key: String, value: String },
+    /// `spec.template.metadata.annotations[key] = value`: on every pod of the Job.
+    SetTemplateAnnotation { key: String, value: String },
     /// `spec.podFailurePolicy = policy` (the Job had none, or it is replaced).
     SetPodFailurePolicy(PodFailurePolicy),
     /// Insert `rules` in front of the Job's existing `spec.podFailurePolicy.rules`.
@@ -49,6 +51,14 @@ impl Change {
         match self {
             Self::SetAnnotation { key, value } => {
                 job.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(key.clone(), value.clone());
+            }
+            Self::SetTemplateAnnotation { key, value } => {
+                spec.template
+                    .metadata
+                    .get_or_insert_with(Default::default)
                     .annotations
                     .get_or_insert_with(Default::default)
                     .insert(key.clone(), value.clone());
@@ -99,6 +109,7 @@ impl Change {
     pub fn summary(&self) -> String {
         match self {
             Self::SetAnnotation { key, .. } => format!("annotation {key}"),
+            Self::SetTemplateAnnotation { key, .. } => format!("pod annotation {key}"),
             Self::SetPodFailurePolicy(policy) => {
                 format!("podFailurePolicy ({} rules)", policy.rules.len())
             }

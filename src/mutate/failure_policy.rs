@@ -1,7 +1,7 @@
 //! The injected podFailurePolicy: which rules, in which order, merged with the Job's own.
 //!
 //! Rules come in the policy's order: pod-condition rules first (`DisruptionTarget`,
-//! `gpu-guard.io/DeviceFailure`), then one exit-code rule per exit-code setting and device
+//! `gpu-guard.io/DeviceFailure`, and in a gang Job `gpu-guard.io/PeerDeviceFailure`), then one exit-code rule per exit-code setting and device
 //! container, each naming the container: the Job controller also reads the exit codes of native
 //! sidecars, which exit 137/143 at every shutdown, so a rule without `containerName` could match
 //! them. When the per-container rules do not fit in the API server's 20-rule limit, the
@@ -156,7 +156,7 @@ fn choose_rules(
 ) -> Option<Vec<PodFailurePolicyRule>> {
     let fits = |rules: &[PodFailurePolicyRule]| kept.len() + rules.len() <= MAX_RULES;
     let mut notes = Vec::new();
-    let mut rules = condition_rules(settings, draft.role, kept, &mut notes);
+    let mut rules = condition_rules(settings, draft, kept, &mut notes);
     for setting in &settings.exit_code_rules {
         for target in &devices.targets {
             rules.extend(exit_code_rule(
@@ -182,7 +182,7 @@ fn choose_rules(
     let needed = kept.len() + rules.len();
 
     let mut notes = Vec::new();
-    let mut rules = condition_rules(settings, draft.role, kept, &mut notes);
+    let mut rules = condition_rules(settings, draft, kept, &mut notes);
     let mut partial = Vec::new();
     for setting in &settings.exit_code_rules {
         let shared = exit_code_rule(
@@ -255,15 +255,17 @@ fn dedup(notes: Vec<String>) -> Vec<String> {
         .collect()
 }
 
-/// The pod-condition rules the Job does not already handle.
+/// The pod-condition rules the Job does not already handle (with the rule for the peers of a
+/// device failure in a gang Job: [`super::peers`]).
 fn condition_rules(
     settings: &FailurePolicySettings,
-    role: JobRole,
+    draft: &Draft,
     kept: &[PodFailurePolicyRule],
     notes: &mut Vec<String>,
 ) -> Vec<PodFailurePolicyRule> {
+    let role = draft.role;
     let mut rules = Vec::new();
-    for condition in &settings.pod_condition_rules {
+    for condition in super::peers::condition_rules(settings, draft.gang).iter() {
         let status = condition.status.as_str();
         let handled_by = kept.iter().find(|rule| {
             rule.on_pod_conditions.iter().flatten().any(|pattern| {

@@ -3,14 +3,15 @@
 //! against.
 //!
 //! The engine reads a Job's labels and annotations, a few spec fields, the pod template's
-//! restart policy, grace period, tolerations and DRA claims, and each container's name,
+//! annotations, restart policy, grace period, tolerations and DRA claims, and each container's name,
 //! restart policy, restart rules and resources. An API server object is mostly other things
 //! (`managedFields`, env vars,
 //! volumes, affinity, status): they are skipped unread here, which is most of the webhook's
 //! saving over decoding the whole Job. The Job handed to the engine has only the fields it
 //! reads; a property test proves the patch is the same as from the whole object.
 //!
-//! The skeleton holds `metadata.annotations`, `spec.podFailurePolicy.rules` (its length),
+//! The skeleton holds `metadata.annotations`, `spec.template.metadata.annotations`,
+//! `spec.podFailurePolicy.rules` (its length),
 //! `spec.template.spec.tolerations` (its length), `spec.template.spec.containers` (one object
 //! per container, with its `restartPolicyRules` by length) and their parents, each present
 //! exactly when it is present and not null in the raw object: the paths the patch builder
@@ -78,7 +79,14 @@ struct RawFailurePolicy {
 
 #[derive(Deserialize)]
 struct RawTemplate {
+    metadata: Option<RawTemplateMetadata>,
     spec: Option<RawPod>,
+}
+
+/// A pod template's metadata: its annotations (gpu-guard marks a gang's pods there).
+#[derive(Deserialize)]
+struct RawTemplateMetadata {
+    annotations: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Deserialize)]
@@ -204,6 +212,17 @@ pub(super) fn job_spec(raw_spec: RawSpec) -> (JobSpec, Value) {
     let mut template = PodTemplateSpec::default();
     if let Some(raw_template) = raw_spec.template {
         let mut template_fields = Map::new();
+        if let Some(metadata) = raw_template.metadata {
+            let mut metadata_fields = Map::new();
+            if metadata.annotations.is_some() {
+                metadata_fields.insert("annotations".to_owned(), Value::Object(Map::new()));
+            }
+            template_fields.insert("metadata".to_owned(), Value::Object(metadata_fields));
+            template.metadata = Some(ObjectMeta {
+                annotations: metadata.annotations,
+                ..ObjectMeta::default()
+            });
+        }
         if let Some(pod) = raw_template.spec {
             let mut pod_fields = Map::new();
             if let Some(tolerations) = &pod.tolerations {

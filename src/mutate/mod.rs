@@ -4,7 +4,8 @@
 //!
 //! What it does to a device Job (see `policies/default.yaml` for every setting):
 //! - injects a podFailurePolicy that retries device errors and disruptions
-//!   (`failure_policy`), and makes `podReplacementPolicy` compatible with it;
+//!   (`failure_policy`), and makes `podReplacementPolicy` compatible with it; in a gang Job,
+//!   also the failures of the peers of a pod hit by a device failure ([`peers`]);
 //! - keeps the termination grace period in a window, and raises the node not-ready /
 //!   unreachable toleration seconds ([`pod_settings`]);
 //! - when the policy asks, adds container restart rules for retriable software exit codes to
@@ -41,6 +42,7 @@ pub mod jobset_view;
 pub mod object;
 pub mod other_kinds;
 pub mod patch;
+pub mod peers;
 pub mod pod_settings;
 mod restart_rules;
 mod workload;
@@ -163,6 +165,8 @@ fn summarize(changes: &[Change]) -> String {
 pub(crate) struct Draft {
     job: Job,
     role: JobRole,
+    /// A standalone gang Job whose peers the controller marks ([`peers`]).
+    gang: bool,
     changes: Vec<Change>,
     warnings: Vec<String>,
     change_notes: Vec<String>,
@@ -296,16 +300,19 @@ pub(crate) fn mutate_owned_job(
         return outcome;
     }
 
+    let mutation = &policy.mutation;
+    let gang = peers::applies(&job, role, &mutation.pod_failure_policy);
     let mut draft = Draft {
         job,
         role,
+        gang,
         changes: Vec::new(),
         warnings: Vec::new(),
         change_notes: Vec::new(),
     };
     draft.warnings.extend(devices.unresolved.iter().cloned());
-    let mutation = &policy.mutation;
     failure_policy::apply(&mut draft, &devices, &mutation.pod_failure_policy);
+    peers::annotate(&mut draft);
     // After the failure policy: the restart rules leave its exit codes to it, and see the
     // pod restartPolicy it may have set.
     restart_rules::apply(&mut draft, &devices, &mutation.restart_rules);

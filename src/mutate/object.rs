@@ -232,6 +232,13 @@ const JOB_OWNED: [&str; 5] = [
 /// put-back: gpu-guard only sets it where the manifest had none.
 const JOB_CONTAINERS: &str = "/spec/template/spec/containers";
 
+/// The pod-template annotation of a gang Job (`gpu-guard.io/gang`, [`super::peers`]), relative
+/// to where the Job is. Annotations are a map merged by key in a server-side apply, so an apply
+/// that never named it keeps it; an update that replaces the whole object (`kubectl replace`,
+/// a PUT of the manifest) drops it with the rest of gpu-guard's changes, and the template is
+/// immutable: it is put back with them, its parents created when the update has none.
+const JOB_TEMPLATE_ANNOTATION: &str = "/spec/template/metadata/annotations/gpu-guard.io~1gang";
+
 /// The one patch gpu-guard sends on UPDATE: for an object it mutated at CREATE (its
 /// `gpu-guard.io/mutated` annotation on `old`), each field it owns that `new` lacks exactly as
 /// gpu-guard added it is put back as `old` has it.
@@ -284,6 +291,7 @@ fn restore_known(
             .map_or(0, Vec::len);
         JOB_OWNED
             .iter()
+            .chain([&JOB_TEMPLATE_ANNOTATION])
             .map(|path| format!("{root}{path}"))
             .chain((0..count).map(|index| format!("{containers}/{index}/restartPolicyRules")))
             .collect()
@@ -324,7 +332,7 @@ fn restore_known(
             if path.ends_with("/podReplacementPolicy") && is.is_none() {
                 return None;
             }
-            (is != Some(was) && dropped).then(|| patch::put_back(path, was))
+            (is != Some(was) && dropped).then(|| patch::put_back_under(new, path, was))
         })
         .collect();
     let patch = Patch(ops);

@@ -111,6 +111,22 @@ pub fn put_back(path: &str, value: &Value) -> PatchOperation {
     add(path, value.clone())
 }
 
+/// [`put_back`], creating the missing parents of `path` in `new` (objects holding just the
+/// value on its way): the pod template annotation gpu-guard owns may come back to a template
+/// whose update has no `annotations`, or no `metadata`.
+pub fn put_back_under(new: &Value, path: &str, value: &Value) -> PatchOperation {
+    let mut path = path.to_owned();
+    let mut value = value.clone();
+    while let Some((parent, key)) = path.rsplit_once('/')
+        && !parent.is_empty()
+        && new.pointer(parent).is_none_or(Value::is_null)
+    {
+        value = Value::Object(Map::from_iter([(unescape(key), value)]));
+        path = parent.to_owned();
+    }
+    add(&path, value)
+}
+
 fn add(path: &str, value: Value) -> PatchOperation {
     PatchOperation::Add(AddOperation {
         path: PointerBuf::parse(path).expect("patch paths are built from escaped tokens"),
@@ -139,6 +155,9 @@ impl Builder<'_> {
         match change {
             Change::SetAnnotation { key, value } => {
                 self.set("/metadata/annotations", key, json(value));
+            }
+            Change::SetTemplateAnnotation { key, value } => {
+                self.set("/spec/template/metadata/annotations", key, json(value));
             }
             Change::SetPodFailurePolicy(policy) => {
                 self.set("/spec", "podFailurePolicy", json(policy))

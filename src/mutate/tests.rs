@@ -914,3 +914,290 @@ fn a_job_whose_own_restart_rules_are_invalid_is_left_unchanged_with_the_reason()
         outcome.warnings
     );
 }
+
+// --- Gangs in a single Job: the peers of a device failure ------------------------------------
+
+/// An Indexed GPU Job of `parallelism` pods and `completions` indexes.
+fn indexed_job(parallelism: Option<i32>, completions: i32) -> Job {
+    let mut spec = json!({"completionMode": "Indexed", "completions": completions});
+    if let Some(parallelism) = parallelism {
+        spec["parallelism"] = json!(parallelism);
+    }
+    gpu_job(json!({}), spec)
+}
+
+fn gang_annotation(outcome: &Outcome) -> Option<&str> {
+    outcome
+        .job
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(crate::wellknown::GANG_KEY)
+        .map(String::as_str)
+}
+
+fn gang_rules() -> Vec<Value> {
+    vec![
+        condition_rule("DisruptionTarget", "Ignore"),
+        condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
+        condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore"),
+        exit_rule("main", "Ignore", &[74, 75, 138]),
+    ]
+}
+
+#[test]
+fn a_gang_job_ignores_the_failures_of_the_peers_of_a_device_failure() {
+    let policy = Policy::embedded();
+    let outcome = mutate_job(&indexed_job(Some(4), 4), &policy);
+    assert_eq!(rules(&outcome), gang_rules());
+    assert_eq!(gang_annotation(&outcome), Some("true"));
+    assert!(rules::job::check_job(&outcome.job).is_empty());
+    assert!(
+        outcome
+            .summary()
+            .contains("pod annotation gpu-guard.io/gang"),
+        "{}",
+        outcome.summary()
+    );
+    // The template's own annotations stay.
+    let mut annotated = indexed_job(Some(4), 4);
+    annotated.spec.as_mut().unwrap().template.metadata = Some(ObjectMeta {
+        annotations: Some(BTreeMap::from([("team".to_owned(), "vision".to_owned())])),
+        ..ObjectMeta::default()
+    });
+    let outcome = mutate_job(&annotated, &policy);
+    let annotations = outcome
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref();
+    assert_eq!(
+        annotations.and_then(|m| m.annotations.clone()),
+        Some(BTreeMap::from([
+            ("gpu-guard.io/gang".to_owned(), "true".to_owned()),
+            ("team".to_owned(), "vision".to_owned()),
+        ]))
+    );
+
+    // Said by the user: any Job (here a non-indexed one), through a label or an annotation.
+    for place in ["labels", "annotations"] {
+        let mut job = gpu_job(json!({}), json!({"parallelism": 2}));
+        let said = Some(BTreeMap::from([(
+            "gpu-guard.io/gang".to_owned(),
+            "true".to_owned(),
+        )]));
+        match place {
+            "labels" => job.metadata.labels = said,
+            _ => job.metadata.annotations = said,
+        }
+        let outcome = mutate_job(&job, &policy);
+        assert_eq!(rules(&outcome), gang_rules(), "{place}");
+        assert_eq!(gang_annotation(&outcome), Some("true"), "{place}");
+    }
+}
+
+#[test]
+fn jobs_that_are_not_gangs_get_no_peer_rule() {
+    let policy = Policy::embedded();
+    let mut opted_out = indexed_job(Some(4), 4);
+    opted_out.metadata.labels = Some(BTreeMap::from([(
+        "gpu-guard.io/gang".to_owned(),
+        "false".to_owned(),
+    )]));
+    let cases = [
+        (
+            "indexed, parallelism below completions",
+            indexed_job(Some(2), 4),
+        ),
+        ("indexed, parallelism defaulted to 1", indexed_job(None, 4)),
+        ("indexed, a single index", indexed_job(Some(1), 1)),
+        (
+            "non-indexed, parallelism = completions",
+            gpu_job(json!({}), json!({"parallelism": 4, "completions": 4})),
+        ),
+        ("opted out", opted_out),
+    ];
+    for (name, job) in cases {
+        let outcome = mutate_job(&job, &policy);
+        assert_eq!(rules(&outcome), default_rules_for(&["main"]), "{name}");
+        assert_eq!(gang_annotation(&outcome), None, "{name}");
+    }
+
+    // A JobSet's replicated Job: the JobSet restarts the whole gang on a device failure.
+    let outcome = mutate_job_as(
+        &indexed_job(Some(4), 4),
+        &policy,
+        JobRole::JobSetReplica,
+        ClusterFacts::of(&ObjectMeta::default(), &NoDraFacts),
+    );
+    assert!(outcome.is_changed());
+    assert!(
+        !rules(&outcome)
+            .iter()
+            .any(|rule| rule.to_string().contains("PeerDeviceFailure")),
+        "{:?}",
+        rules(&outcome)
+    );
+    assert_eq!(gang_annotation(&outcome), None);
+
+    // Turned off in the policy.
+    let mut off = Policy::embedded();
+    off.mutation.pod_failure_policy.gang_peers = false;
+    let outcome = mutate_job(&indexed_job(Some(4), 4), &off);
+    assert_eq!(rules(&outcome), default_rules_for(&["main"]));
+    assert_eq!(gang_annotation(&outcome), None);
+}
+
+#[test]
+fn a_gang_jobs_own_peer_rule_wins_and_its_pods_are_still_announced() {
+    let policy = Policy::embedded();
+    let own = condition_rule("gpu-guard.io/PeerDeviceFailure", "FailJob");
+    let job = gpu_job(
+        json!({}),
+        json!({"completionMode": "Indexed", "completions": 4, "parallelism": 4,
+               "podFailurePolicy": {"rules": [own.clone()]}}),
+    );
+    let outcome = mutate_job(&job, &policy);
+    let mut expected = default_rules_for(&["main"]);
+    expected.push(own);
+    assert_eq!(
+        rules(&outcome),
+        expected,
+        "no second rule for the condition"
+    );
+    assert!(
+        outcome.warnings.iter().any(|w| w
+            == "the Job's own FailJob rule handles gpu-guard.io/PeerDeviceFailure=True; \
+                gpu-guard's Ignore rule is not added"),
+        "{:?}",
+        outcome.warnings
+    );
+    // The Job reads the peers' mark with its own rule: the controller must still make it.
+    assert_eq!(gang_annotation(&outcome), Some("true"));
+
+    // A policy that keeps the Job's own podFailurePolicy, which does not read the mark: no
+    // annotation either (a mark nothing reads would change nothing).
+    let mut keep = Policy::embedded();
+    keep.mutation.pod_failure_policy.existing_policy = ExistingPolicy::Keep;
+    let job = gpu_job(
+        json!({}),
+        json!({"completionMode": "Indexed", "completions": 4, "parallelism": 4,
+               "podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[42])]}}),
+    );
+    let outcome = mutate_job(&job, &keep);
+    assert_eq!(rules(&outcome), [exit_rule("main", "FailJob", &[42])]);
+    assert_eq!(gang_annotation(&outcome), None);
+}
+
+#[test]
+fn the_peer_rule_follows_the_device_failure_rule_and_counts_toward_the_limit() {
+    // The DeviceFailure rule's action is the peers' too.
+    let mut count = Policy::embedded();
+    count.mutation.pod_failure_policy.pod_condition_rules[1].action = RuleAction::FailJob;
+    let outcome = mutate_job(&indexed_job(Some(4), 4), &count);
+    assert_eq!(
+        rules(&outcome)[1..3],
+        [
+            condition_rule("gpu-guard.io/DeviceFailure", "FailJob"),
+            condition_rule("gpu-guard.io/PeerDeviceFailure", "FailJob"),
+        ]
+    );
+    // No DeviceFailure rule in the policy: no peer rule, no annotation.
+    let mut none = Policy::embedded();
+    none.mutation
+        .pod_failure_policy
+        .pod_condition_rules
+        .truncate(1);
+    let outcome = mutate_job(&indexed_job(Some(4), 4), &none);
+    assert_eq!(rules(&outcome).len(), 2);
+    assert_eq!(gang_annotation(&outcome), None);
+
+    // 15 own rules, 2 condition rules and 3 per-container rules fit (20); with the peer rule
+    // they do not, so the exit-code rules fall back to one for every container (19).
+    let mut spec = own_rules(15);
+    merge(
+        &mut spec,
+        json!({"completionMode": "Indexed", "completions": 4, "parallelism": 4}),
+    );
+    let crowded = gpu_job(many_gpu_containers(3), spec.clone());
+    let outcome = mutate_job(&crowded, &Policy::embedded());
+    let all = rules(&outcome);
+    assert_eq!(all.len(), 19);
+    assert_eq!(
+        all[2],
+        condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore")
+    );
+    assert_eq!(
+        all[3],
+        json!({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}})
+    );
+    assert!(rules::job::check_job(&outcome.job).is_empty());
+    assert!(
+        outcome
+            .warnings
+            .iter()
+            .any(|w| w.contains("match every container")),
+        "{:?}",
+        outcome.warnings
+    );
+    assert_eq!(gang_annotation(&outcome), Some("true"));
+    let twice = mutate_job(&outcome.job, &Policy::embedded());
+    assert!(twice.changes.is_empty(), "{:?}", twice.changes);
+    // The same Job as no gang keeps one rule per container.
+    spec["parallelism"] = json!(2);
+    let outcome = mutate_job(&gpu_job(many_gpu_containers(3), spec), &Policy::embedded());
+    assert_eq!(rules(&outcome).len(), 20);
+}
+
+#[test]
+fn a_mutated_gang_job_is_not_changed_again() {
+    let policy = Policy::embedded();
+    let once = mutate_job(&indexed_job(Some(8), 8), &policy);
+    assert!(once.is_changed());
+    let twice = mutate_job(&once.job, &policy);
+    assert!(twice.changes.is_empty(), "{:?}", twice.changes);
+    assert_eq!(twice.job, once.job);
+}
+
+#[test]
+fn a_policy_that_names_the_peer_condition_itself_places_it_for_every_job() {
+    let mut policy = Policy::embedded();
+    policy
+        .mutation
+        .pod_failure_policy
+        .pod_condition_rules
+        .insert(
+            0,
+            crate::policy::PodConditionRule {
+                condition_type: "gpu-guard.io/PeerDeviceFailure".to_owned(),
+                status: crate::policy::ConditionStatus::True,
+                action: RuleAction::Ignore,
+            },
+        );
+    let peer_first = |outcome: &Outcome| {
+        let all = rules(outcome);
+        assert_eq!(
+            all[0],
+            condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore")
+        );
+        assert_eq!(
+            all.iter()
+                .filter(|rule| rule.to_string().contains("PeerDeviceFailure"))
+                .count(),
+            1
+        );
+    };
+    let plain = mutate_job(&gpu_job(json!({}), json!({})), &policy);
+    peer_first(&plain);
+    assert_eq!(gang_annotation(&plain), None);
+    let gang = mutate_job(&indexed_job(Some(4), 4), &policy);
+    peer_first(&gang);
+    assert_eq!(gang_annotation(&gang), Some("true"));
+}

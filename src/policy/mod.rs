@@ -210,6 +210,13 @@ pub struct FailurePolicySettings {
     /// On Indexed Jobs with `backoffLimitPerIndex`, turn `FailJob` exit-code rules into
     /// `FailIndex`, so one bad index does not fail the others.
     pub fail_index_for_per_index_jobs: bool,
+    /// On a Job whose pods are a gang (an Indexed Job whose parallelism equals its
+    /// completions, above 1, or a Job labelled or annotated `gpu-guard.io/gang: "true"`; not
+    /// one saying `"false"`), add a rule for `gpu-guard.io/PeerDeviceFailure=True` right after
+    /// the `gpu-guard.io/DeviceFailure` rule, with its action, and annotate the pod template
+    /// `gpu-guard.io/gang: "true"`: the controller then marks the running peers of a pod hit by
+    /// a device failure, whose failure follows from it.
+    pub gang_peers: bool,
 }
 
 impl Default for FailurePolicySettings {
@@ -236,6 +243,7 @@ impl Default for FailurePolicySettings {
                 codes: vec![74, 75, 138],
             }],
             fail_index_for_per_index_jobs: true,
+            gang_peers: true,
         }
     }
 }

@@ -15,12 +15,24 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::policy::Policy;
-use crate::wellknown::{DEGRADED_TAINT_KEY, DEVICE_FAILURE_CONDITION};
+use crate::wellknown::{
+    DEGRADED_TAINT_KEY, DEVICE_FAILURE_CONDITION, GANG_KEY, PEER_DEVICE_FAILURE_CONDITION,
+};
 
 /// The `reason` of the condition when a device of the pod is reported unhealthy.
 pub const REASON_UNHEALTHY_DEVICE: &str = "UnhealthyDevice";
 /// The `reason` of the condition when the pod's node is tainted degraded.
 pub const REASON_NODE_DEGRADED: &str = "NodeDeviceDegraded";
+/// The `reason` of `gpu-guard.io/PeerDeviceFailure` on the peers of a gang pod hit by a device
+/// failure.
+pub const REASON_PEER_DEVICE_FAILURE: &str = "PeerDeviceFailure";
+
+/// The label the Job controller puts on every pod of a Job, with the Job's uid (kubernetes
+/// `pkg/controller/job`, `batch.kubernetes.io/controller-uid`; its selector matches it).
+pub const JOB_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+/// The annotation (and, since Kubernetes 1.28, label) with the index of an Indexed Job's pod
+/// (`batch.kubernetes.io/job-completion-index`).
+pub const COMPLETION_INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
 
 /// What the controller knows of a pod's node: the device resources gpu-guard has tainted it
 /// degraded for (in a dry run: would have).
@@ -117,6 +129,18 @@ pub struct PodFacts {
     pub unhealthy: Option<Cause>,
     /// It has `gpu-guard.io/DeviceFailure=True` already ([`is_marked`]).
     pub marked: bool,
+    /// When that condition was set (its `lastTransitionTime`), if known.
+    pub marked_at: Option<Timestamp>,
+    /// It has `gpu-guard.io/PeerDeviceFailure=True` already.
+    pub peer_marked: bool,
+    /// Its Job's uid (the `batch.kubernetes.io/controller-uid` label), when the pod says it is
+    /// one of a gang (`gpu-guard.io/gang: "true"`, set on the pod template by the mutation):
+    /// the other pods of that Job are its peers ([`PodFacts::is_peer_of`]).
+    pub gang: Option<String>,
+    /// Its index in an Indexed Job (`batch.kubernetes.io/job-completion-index`).
+    pub completion_index: Option<String>,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<Timestamp>,
 }
 
 impl PodFacts {
@@ -138,7 +162,49 @@ impl PodFacts {
             claims: resource_claims(pod),
             unhealthy: unhealthy_device(pod, policy),
             marked: is_marked(pod),
+            marked_at: condition(pod, DEVICE_FAILURE_CONDITION)
+                .and_then(|condition| condition.last_transition_time.as_ref())
+                .map(|time| time.0),
+            peer_marked: condition(pod, PEER_DEVICE_FAILURE_CONDITION).is_some(),
+            gang: gang_of(pod),
+            completion_index: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(COMPLETION_INDEX_ANNOTATION))
+                .cloned(),
+            created: pod.metadata.creation_timestamp.as_ref().map(|time| time.0),
         }
+    }
+
+    /// Whether the running peers of this pod are to be marked `gpu-guard.io/PeerDeviceFailure`:
+    /// it is one of a gang, it carries `gpu-guard.io/DeviceFailure` (or `marked`: this replica
+    /// just marked it, and the cache may not show it yet), and its device failure is real
+    /// now: the kubelet reports a device of it unhealthy, or the pod has failed. A pod marked
+    /// only because its node is degraded, and running on a healthy device, leaves its peers
+    /// alone: nothing has failed yet.
+    pub fn peers_due(&self, marked: bool) -> bool {
+        self.gang.is_some()
+            && (self.marked || marked)
+            && (self.unhealthy.is_some() || self.phase.as_deref() == Some("Failed"))
+    }
+
+    /// Whether this pod is a peer of `failed` still to mark: a pod of the same gang (same
+    /// namespace and Job) other than `failed` and than its replacement (same completion index),
+    /// not terminated, carrying neither condition yet, and, when `since` is given, created by
+    /// then (a pod created after the failure is a replacement, not a rank that ran beside it).
+    pub fn is_peer_of(&self, failed: &PodFacts, since: Option<Timestamp>) -> bool {
+        let same_index =
+            self.completion_index.is_some() && self.completion_index == failed.completion_index;
+        self.gang.is_some()
+            && self.gang == failed.gang
+            && self.namespace == failed.namespace
+            && self.uid != failed.uid
+            && !same_index
+            && matches!(self.phase.as_deref(), None | Some("Pending" | "Running"))
+            && !self.marked
+            && !self.peer_marked
+            && since.is_none_or(|since| self.created.is_some_and(|created| created <= since))
     }
 
     /// Whether the controller has anything to judge: the pod uses a device resource, holds a
@@ -320,14 +386,38 @@ pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
 
 /// Whether the pod already has `gpu-guard.io/DeviceFailure=True`.
 pub fn is_marked(pod: &Pod) -> bool {
+    condition(pod, DEVICE_FAILURE_CONDITION).is_some()
+}
+
+/// The pod's condition `type_` with status `True`.
+fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a PodCondition> {
     pod.status
         .as_ref()
         .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
+        .and_then(|conditions| {
             conditions
                 .iter()
-                .any(|c| c.type_ == DEVICE_FAILURE_CONDITION && c.status == "True")
+                .find(|c| c.type_ == type_ && c.status == "True")
         })
+}
+
+/// The Job uid of a pod annotated `gpu-guard.io/gang: "true"` (see [`PodFacts::gang`]).
+fn gang_of(pod: &Pod) -> Option<String> {
+    let says_gang = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(GANG_KEY))
+        .is_some_and(|value| value == "true");
+    if !says_gang {
+        return None;
+    }
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(JOB_UID_LABEL))
+        .filter(|uid| !uid.is_empty())
+        .cloned()
 }
 
 /// The name node health gives the devices of a DRA driver (`dra/<driver>`).
@@ -431,6 +521,38 @@ fn unhealthy_device(pod: &Pod, policy: &Policy) -> Option<Cause> {
     })
 }
 
+/// `gpu-guard.io/PeerDeviceFailure=True` for a peer of `failed`, the gang pod hit by a device
+/// failure.
+pub fn peer_condition(failed: &PodFacts, now: Timestamp) -> PodCondition {
+    PodCondition {
+        type_: PEER_DEVICE_FAILURE_CONDITION.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(REASON_PEER_DEVICE_FAILURE.to_owned()),
+        message: Some(peer_message(failed)),
+        last_transition_time: Some(Time(now)),
+        ..PodCondition::default()
+    }
+}
+
+/// The message of [`peer_condition`], and of its Event.
+pub fn peer_message(failed: &PodFacts) -> String {
+    format!(
+        "pod {} of the same gang, on node {}, was hit by a device failure; gpu-guard marks \
+         this peer so its failure, which follows from it, is retried",
+        failed.name,
+        failed.node.as_deref().unwrap_or("(none)")
+    )
+}
+
+/// The strategic merge patch that adds [`peer_condition`] to the pod whose uid is `uid` (see
+/// [`condition_patch`] for the uid).
+pub fn peer_condition_patch(uid: &str, failed: &PodFacts, now: Timestamp) -> Value {
+    with_uid(
+        json!({"status": {"conditions": [peer_condition(failed, now)]}}),
+        uid,
+    )
+}
+
 /// The condition gpu-guard adds.
 pub fn device_failure_condition(cause: &Cause, now: Timestamp) -> PodCondition {
     PodCondition {
@@ -452,7 +574,13 @@ pub fn device_failure_condition(cause: &Cause, now: Timestamp) -> PodCondition {
 /// since it was cached (422 Invalid, `metadata.uid: field is immutable`, from the object meta
 /// update validation). An empty uid (never, from the API server) adds no precondition.
 pub fn condition_patch(uid: &str, cause: &Cause, now: Timestamp) -> Value {
-    let mut patch = json!({"status": {"conditions": [device_failure_condition(cause, now)]}});
+    with_uid(
+        json!({"status": {"conditions": [device_failure_condition(cause, now)]}}),
+        uid,
+    )
+}
+
+fn with_uid(mut patch: Value, uid: &str) -> Value {
     if !uid.is_empty() {
         patch["metadata"] = json!({"uid": uid});
     }

@@ -580,3 +580,126 @@ fn only_the_policys_dra_devices_count_and_a_claim_without_a_request_is_read() {
         hit("claim:all", "gpu.nvidia.com/node-1/gpu-3")
     );
 }
+
+/// A rank of gang `uid-train` (index `index`, created at second `created`), its phase `phase`.
+fn rank(name: &str, index: u32, phase: &str, created: i64) -> PodFacts {
+    let mut pod = pod(Some("nvidia.com/gpu"), phase);
+    pod.metadata.name = Some(name.to_owned());
+    pod.metadata.uid = Some(format!("uid-{name}"));
+    pod.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
+    pod.metadata.labels = Some([(JOB_UID_LABEL.to_owned(), "uid-train".to_owned())].into());
+    pod.metadata.annotations = Some(
+        [
+            (GANG_KEY.to_owned(), "true".to_owned()),
+            (COMPLETION_INDEX_ANNOTATION.to_owned(), index.to_string()),
+        ]
+        .into(),
+    );
+    PodFacts::of(&pod, &Policy::default())
+}
+
+#[test]
+fn peers_are_the_running_unmarked_ranks_of_the_same_gang_that_ran_beside_the_failed_one() {
+    let mut failed = rank("train-2", 2, "Running", 100);
+    failed.unhealthy = Some(Cause::UnhealthyDevice {
+        container: "trainer".to_owned(),
+        resource: "nvidia.com/gpu".to_owned(),
+        device_ids: vec!["GPU-1234".to_owned()],
+    });
+    assert_eq!(failed.gang.as_deref(), Some("uid-train"));
+    assert!(!failed.peers_due(false), "not marked yet");
+    assert!(
+        failed.peers_due(true),
+        "marked now, its device reported unhealthy"
+    );
+    let since = Some(Timestamp::from_second(200).unwrap());
+
+    let peer = rank("train-0", 0, "Running", 100);
+    assert!(peer.is_peer_of(&failed, since));
+    assert!(rank("train-1", 1, "Pending", 100).is_peer_of(&failed, since));
+    let not_peers = [
+        ("itself", failed.clone()),
+        ("its replacement", rank("train-2-b", 2, "Pending", 100)),
+        ("terminated", rank("train-1", 1, "Failed", 100)),
+        (
+            "created after the mark",
+            rank("train-3-b", 3, "Running", 300),
+        ),
+        (
+            "marked already",
+            PodFacts {
+                marked: true,
+                ..peer.clone()
+            },
+        ),
+        (
+            "a peer already",
+            PodFacts {
+                peer_marked: true,
+                ..peer.clone()
+            },
+        ),
+        (
+            "another Job",
+            PodFacts {
+                gang: Some("uid-other".to_owned()),
+                ..peer.clone()
+            },
+        ),
+        (
+            "not a gang pod",
+            PodFacts {
+                gang: None,
+                ..peer.clone()
+            },
+        ),
+        (
+            "another namespace",
+            PodFacts {
+                namespace: "dev".to_owned(),
+                ..peer.clone()
+            },
+        ),
+    ];
+    for (what, pod) in not_peers {
+        assert!(!pod.is_peer_of(&failed, since), "{what}");
+    }
+    // Without a bound (the failed pod marked just now), a pod created later counts.
+    assert!(rank("train-3-b", 3, "Running", 300).is_peer_of(&failed, None));
+
+    // A pod without the annotation, or without the Job's label, is in no gang.
+    let mut plain = pod(Some("nvidia.com/gpu"), "Running");
+    plain.metadata.labels = Some([(JOB_UID_LABEL.to_owned(), "uid-train".to_owned())].into());
+    assert_eq!(PodFacts::of(&plain, &Policy::default()).gang, None);
+    plain.metadata.annotations = Some([(GANG_KEY.to_owned(), "true".to_owned())].into());
+    plain.metadata.labels = None;
+    assert_eq!(PodFacts::of(&plain, &Policy::default()).gang, None);
+
+    // Marked earlier for its node, running on a healthy device: nothing has failed yet.
+    let healthy = PodFacts {
+        marked: true,
+        ..rank("train-2", 2, "Running", 100)
+    };
+    assert!(!healthy.peers_due(false));
+    let failed_later = PodFacts {
+        phase: Some("Failed".to_owned()),
+        ..healthy
+    };
+    assert!(failed_later.peers_due(false));
+}
+
+#[test]
+fn the_peer_condition_names_the_failed_pod_and_its_node_and_carries_the_peers_uid() {
+    let failed = rank("train-2", 2, "Running", 100);
+    let patch = peer_condition_patch("uid-train-0", &failed, Timestamp::from_second(0).unwrap());
+    assert_eq!(
+        patch,
+        json!({"metadata": {"uid": "uid-train-0"}, "status": {"conditions": [{
+            "type": "gpu-guard.io/PeerDeviceFailure", "status": "True",
+            "reason": "PeerDeviceFailure",
+            "message": "pod train-2 of the same gang, on node gpu-1, was hit by a device \
+                        failure; gpu-guard marks this peer so its failure, which follows from \
+                        it, is retried",
+            "lastTransitionTime": "1970-01-01T00:00:00Z"}]}})
+    );
+}

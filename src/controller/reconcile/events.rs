@@ -12,6 +12,7 @@ pub const REASON_DEGRADED: &str = "DeviceDegraded";
 pub const REASON_RECOVERED: &str = "DeviceRecovered";
 pub const REASON_SAFETY_VALVE: &str = "SafetyValve";
 pub const REASON_MARKED: &str = "DeviceFailureMarked";
+pub const REASON_PEER_MARKED: &str = "PeerDeviceFailureMarked";
 pub const REASON_EVICTED: &str = "Evicted";
 
 /// The most bytes of an Event note the API server accepts.

@@ -32,13 +32,13 @@ use tokio::task::JoinSet;
 
 use super::WriteError;
 use super::caches::OptedIn;
-use super::events::{REASON_MARKED, publish};
+use super::events::{REASON_MARKED, REASON_PEER_MARKED, publish};
 use super::pods::PodCache;
 use crate::controller::lease::Leadership;
 use crate::controller::metrics::ControllerMetrics;
 use crate::controller::pod::{self, Cause, PodFacts};
 use crate::policy::Policy;
-use crate::wellknown::DEVICE_FAILURE_CONDITION;
+use crate::wellknown::{DEVICE_FAILURE_CONDITION, PEER_DEVICE_FAILURE_CONDITION};
 
 /// The read and write timeout of a mark: short, so a slow API server does not hold up the
 /// marks behind it (the next pass retries a mark that timed out).
@@ -65,6 +65,8 @@ pub struct Marker {
     /// The pods (by uid) marked, or being marked, this term: the cache may lag behind our own
     /// change.
     claimed: Mutex<HashSet<String>>,
+    /// The pods (by uid) marked, or being marked, as peers this term.
+    peers_claimed: Mutex<HashSet<String>>,
 }
 
 impl Marker {
@@ -86,6 +88,7 @@ impl Marker {
             metrics,
             leadership,
             claimed: Mutex::new(HashSet::new()),
+            peers_claimed: Mutex::new(HashSet::new()),
         })
     }
 
@@ -102,11 +105,19 @@ impl Marker {
     /// Forgets which pods were marked (a new term: another replica may have acted).
     pub fn reset(&self) {
         self.claimed().clear();
+        lock(&self.peers_claimed).clear();
     }
 
     /// Forgets the pods (by uid) not in `present`.
     pub fn retain(&self, present: &HashSet<&str>) {
         self.claimed().retain(|uid| present.contains(uid.as_str()));
+        lock(&self.peers_claimed).retain(|uid| present.contains(uid.as_str()));
+    }
+
+    /// Whether this replica marked the pod (by uid) this term, or is marking it: in a dry run
+    /// the cache never shows the mark.
+    pub fn has_marked(&self, uid: &str) -> bool {
+        self.claimed().contains(uid)
     }
 
     /// Adds the condition to the pod's status (a strategic merge patch: the API server merges
@@ -119,41 +130,87 @@ impl Marker {
         cause: &Cause,
         now: Timestamp,
     ) -> Result<bool, WriteError> {
+        self.write_condition(
+            pod,
+            ConditionWrite {
+                claims: &self.claimed,
+                patch: pod::condition_patch(&pod.uid, cause, now),
+                condition: DEVICE_FAILURE_CONDITION,
+                event_reason: REASON_MARKED,
+                counter: &self.metrics.pods_marked,
+                note: cause.message(),
+                why: cause.reason(),
+            },
+        )
+        .await
+    }
+
+    /// Adds `gpu-guard.io/PeerDeviceFailure=True` to `peer`, a running pod of the gang of
+    /// `failed`, and queues its Event, as [`Marker::mark`] does. `Ok(false)`: marked as a peer
+    /// already this term, or replaced by another pod of its name.
+    pub async fn mark_peer(
+        &self,
+        peer: &PodFacts,
+        failed: &PodFacts,
+        now: Timestamp,
+    ) -> Result<bool, WriteError> {
+        self.write_condition(
+            peer,
+            ConditionWrite {
+                claims: &self.peers_claimed,
+                patch: pod::peer_condition_patch(&peer.uid, failed, now),
+                condition: PEER_DEVICE_FAILURE_CONDITION,
+                event_reason: REASON_PEER_MARKED,
+                counter: &self.metrics.peers_marked,
+                note: pod::peer_message(failed),
+                why: pod::REASON_PEER_DEVICE_FAILURE,
+            },
+        )
+        .await
+    }
+
+    /// One condition on one pod, once per term: claimed first (the cache lags behind our own
+    /// writes), released when the write fails; counted, logged and told in an Event when made.
+    async fn write_condition(
+        &self,
+        pod: &PodFacts,
+        write: ConditionWrite<'_>,
+    ) -> Result<bool, WriteError> {
         if !self.leading() {
             return Err(WriteError::NotLeading);
         }
-        if !self.claimed().insert(pod.uid.clone()) {
+        if !lock(write.claims).insert(pod.uid.clone()) {
             return Ok(false);
         }
-        let written = self.patch(pod, cause, now).await;
+        let written = self.send(pod, write.patch).await;
         if written.is_err() {
-            self.claimed().remove(&pod.uid);
+            lock(write.claims).remove(&pod.uid);
         }
         match written {
             Err(WriteError::Api(error)) if replaced(&error) => {
                 // The cache lags: the pod it knows is gone, and another took its name. The
                 // new pod is judged on its own, from its own watch event.
-                tracing::info!(pod = %pod.id(), uid = %pod.uid,
+                tracing::info!(pod = %pod.id(), uid = %pod.uid, condition = write.condition,
                     "not marked: the pod was replaced by another of the same name ({error})");
                 return Ok(false);
             }
             written => written?,
         }
-        self.metrics.pods_marked.inc();
-        let note = cause.message();
-        let id = pod.id();
+        write.counter.inc();
+        let (id, note, condition) = (pod.id(), write.note, write.condition);
         let prefix = if self.dry_run {
-            tracing::info!(pod = %id, reason = cause.reason(),
-                "dry run: would add the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
+            tracing::info!(pod = %id, reason = write.why,
+                "dry run: would add the condition {condition}=True: {note}");
             "dry run: would mark: "
         } else {
-            tracing::info!(pod = %id, reason = cause.reason(),
-                "added the condition {}=True: {note}", DEVICE_FAILURE_CONDITION);
+            tracing::info!(pod = %id, reason = write.why,
+                "added the condition {condition}=True: {note}");
             ""
         };
         self.events.send(
             PendingEvent {
                 regarding: pod.object_ref(),
+                reason: write.event_reason,
                 note: format!("{prefix}{note}"),
             },
             &self.metrics,
@@ -161,7 +218,45 @@ impl Marker {
         Ok(true)
     }
 
-    async fn patch(&self, pod: &PodFacts, cause: &Cause, now: Timestamp) -> Result<(), WriteError> {
+    /// Marks `peers` as peers of `failed`, up to [`MARK_CONCURRENCY`] at a time (a gang of 64
+    /// nodes has 63 peers, and they fail soon after `failed`). Returns each peer's
+    /// `namespace/name` with what became of its mark, in the order of `peers`.
+    pub async fn mark_peers(
+        self: &Arc<Self>,
+        failed: &PodFacts,
+        peers: Vec<Arc<PodFacts>>,
+        now: Timestamp,
+    ) -> Vec<(String, Result<bool, WriteError>)> {
+        let slots = Arc::new(Semaphore::new(MARK_CONCURRENCY));
+        let failed = Arc::new(failed.clone());
+        let mut marking = JoinSet::new();
+        for (at, peer) in peers.into_iter().enumerate() {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            let (marker, failed) = (self.clone(), failed.clone());
+            marking.spawn(async move {
+                let marked = marker.mark_peer(&peer, &failed, now).await;
+                drop(slot);
+                (at, peer.id(), marked)
+            });
+        }
+        let mut results = Vec::new();
+        while let Some(joined) = marking.join_next().await {
+            match joined {
+                Ok(result) => results.push(result),
+                Err(error) => tracing::warn!(%error, "a peer's mark did not finish"),
+            }
+        }
+        results.sort_by_key(|(at, _, _)| *at);
+        results
+            .into_iter()
+            .map(|(_, id, marked)| (id, marked))
+            .collect()
+    }
+
+    /// Sends a strategic merge patch of the pod's status.
+    async fn send(&self, pod: &PodFacts, patch: serde_json::Value) -> Result<(), WriteError> {
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
         // In a dry run too, with dryRun=All: checked by the API server, not stored.
         let params = if self.dry_run {
@@ -169,18 +264,33 @@ impl Marker {
         } else {
             PatchParams::default()
         };
-        api.patch_status(
-            &pod.name,
-            &params,
-            &Patch::Strategic(pod::condition_patch(&pod.uid, cause, now)),
-        )
-        .await?;
+        api.patch_status(&pod.name, &params, &Patch::Strategic(patch))
+            .await?;
         Ok(())
     }
 
     fn claimed(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.claimed.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.claimed)
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One condition write of [`Marker::write_condition`].
+struct ConditionWrite<'a> {
+    /// The pods (by uid) written this term.
+    claims: &'a Mutex<HashSet<String>>,
+    patch: serde_json::Value,
+    /// Its type, for the log.
+    condition: &'static str,
+    event_reason: &'static str,
+    counter: &'a prometheus_client::metrics::counter::Counter,
+    /// The Event's note.
+    note: String,
+    /// The condition's reason, for the log.
+    why: &'static str,
 }
 
 /// Whether the API server refused a write for a pod's uid: the pod was deleted and another
@@ -218,6 +328,7 @@ fn leading(leadership: &OnceLock<Leadership>) -> bool {
 #[derive(Debug)]
 struct PendingEvent {
     regarding: ObjectReference,
+    reason: &'static str,
     note: String,
 }
 
@@ -253,7 +364,7 @@ impl EventQueue {
             };
             tracing::warn!(
                 pod = regarding.as_deref().unwrap_or_default(),
-                "the Event queue is full: the {REASON_MARKED} Event is dropped (the pod is marked)"
+                "the Event queue is full: the pod's Event is dropped (the pod is marked)"
             );
         }
     }
@@ -279,7 +390,7 @@ impl EventQueue {
                     &recorder,
                     &event.regarding,
                     EventType::Warning,
-                    REASON_MARKED,
+                    event.reason,
                     "Mark",
                     event.note,
                 )
@@ -291,8 +402,10 @@ impl EventQueue {
 
 /// The event path: marks each pod the pod cache sends (a device reported unhealthy, not marked
 /// yet) as it comes, once the opted-in namespaces are known, up to [`MARK_CONCURRENCY`] at a
-/// time. A pod that is gone, no longer needs the mark, or is not in an opted-in namespace is
-/// skipped; a failed mark is logged and left to the next pass. Runs until the sender is
+/// time, then, for a gang pod, its running peers ([`PodFacts::peers_due`]; a gang pod marked
+/// before whose failure became real since is sent for its peers alone). A pod that is gone, no
+/// longer needs the mark, or is not in an opted-in namespace is skipped; a failed mark is
+/// logged and left to the next pass. Runs until the sender is
 /// dropped, then waits for the marks under way.
 pub async fn mark_from_events(
     marker: Arc<Marker>,
@@ -320,21 +433,44 @@ pub async fn mark_from_events(
         let Some(current) = pods.get(&sent.namespace, &sent.name) else {
             continue;
         };
-        if !current.needs_mark_now(&policy) {
+        let cause = current
+            .unhealthy
+            .clone()
+            .filter(|_| current.needs_mark_now(&policy));
+        let peers_due = policy.controller.pods.mark_pods && current.peers_due(cause.is_some());
+        if cause.is_none() && !peers_due {
             continue;
         }
-        let Some(cause) = current.unhealthy.clone() else {
-            continue;
-        };
-        let marker = marker.clone();
+        let (marker, pods) = (marker.clone(), pods.clone());
         marking.spawn(async move {
+            let now = Timestamp::now();
             // Leadership is checked again by the mark itself, right before its patch.
-            match marker.mark(&current, &cause, Timestamp::now()).await {
-                Ok(_) | Err(WriteError::NotLeading) => {}
-                Err(WriteError::Api(error)) => {
-                    marker.metrics.reconcile_errors.inc();
-                    tracing::warn!(pod = %current.id(), %error,
-                        "cannot mark the pod; retrying on the next pass");
+            let marked_now = match &cause {
+                None => false,
+                Some(cause) => match marker.mark(&current, cause, now).await {
+                    Ok(marked) => marked,
+                    Err(WriteError::NotLeading) => false,
+                    Err(WriteError::Api(error)) => {
+                        marker.metrics.reconcile_errors.inc();
+                        tracing::warn!(pod = %current.id(), %error,
+                            "cannot mark the pod; retrying on the next pass");
+                        false
+                    }
+                },
+            };
+            if peers_due && (marked_now || current.marked) {
+                // Marked just now: every running peer ran beside it. Marked earlier (its
+                // failure became real since): the peers that were there at the mark.
+                let since = (!marked_now).then_some(current.marked_at).flatten();
+                if marked_now || since.is_some() {
+                    let peers = pods.peers(&current, since);
+                    for (peer, marked) in marker.mark_peers(&current, peers, now).await {
+                        if let Err(WriteError::Api(error)) = marked {
+                            marker.metrics.reconcile_errors.inc();
+                            tracing::warn!(pod = %peer, %error,
+                                "cannot mark the peer; retrying on the next pass");
+                        }
+                    }
                 }
             }
             drop(slot);
@@ -353,6 +489,7 @@ mod tests {
                 name: Some(name.to_owned()),
                 ..ObjectReference::default()
             },
+            reason: REASON_MARKED,
             note: "marked".to_owned(),
         }
     }

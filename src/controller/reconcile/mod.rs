@@ -112,6 +112,8 @@ pub struct PassReport {
     pub valve_held: Vec<String>,
     /// `namespace/name`.
     pub marked: Vec<String>,
+    /// Given `gpu-guard.io/PeerDeviceFailure` as peers of a gang pod hit by a device failure.
+    pub peers_marked: Vec<String>,
     pub evicted: Vec<String>,
     pub evictions_deferred: Vec<String>,
     pub errors: Vec<String>,
@@ -327,7 +329,7 @@ impl Reconciler {
         }
         self.node_states = node_states;
         report.stopped = self
-            .pods_pass(pods, &caches.claims, &opted_in, now, &mut report)
+            .pods_pass(pods, caches, &opted_in, now, &mut report)
             .await
             .is_err();
         self.opted_in = opted_in;
@@ -344,7 +346,7 @@ impl Reconciler {
         }
         let opted_in = caches.namespaces.names();
         report.stopped = self
-            .pods_pass(pods, &caches.claims, &opted_in, now, &mut report)
+            .pods_pass(pods, caches, &opted_in, now, &mut report)
             .await
             .is_err();
         report

@@ -14,8 +14,9 @@ use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::events::EventType;
 
+use super::Caches;
 use super::events::REASON_EVICTED;
-use super::pods::ClaimDrivers;
+use super::pods::PodCache;
 use super::throttle::Backoff;
 use super::{PassReport, Reconciler, Stop, Write, WriteError};
 use crate::controller::pod::{Action, Cause, PodFacts, verdict};
@@ -23,12 +24,13 @@ use crate::controller::pod::{Action, Cause, PodFacts, verdict};
 impl Reconciler {
     /// Judges and acts on `pods` (device pods' facts, sorted) of the `opted_in` namespaces, at
     /// `now`, against the node states of the last node pass; a pod's ResourceClaims count as
-    /// the devices of the drivers that allocated them (`claims`). `Err(Stop)` when leadership
-    /// ran out.
+    /// the devices of the drivers that allocated them (`caches.claims`); the peers of a gang
+    /// pod hit by a device failure are found in `caches.pods`. `Err(Stop)` when leadership ran
+    /// out.
     pub(super) async fn pods_pass(
         &mut self,
         pods: Vec<Arc<PodFacts>>,
-        claims: &ClaimDrivers,
+        caches: &Caches,
         opted_in: &HashSet<String>,
         now: Timestamp,
         report: &mut PassReport,
@@ -37,22 +39,30 @@ impl Reconciler {
             if !opted_in.contains(&pod.namespace) {
                 continue;
             }
-            let pod = claims.resolve(pod, &self.policy);
+            let pod = caches.claims.resolve(pod, &self.policy);
             let node_state = pod
                 .node
                 .as_ref()
                 .and_then(|node| self.node_states.get(node));
-            let Action::Act { cause, mark, evict } = verdict(&pod, node_state, &self.policy) else {
+            let action = verdict(&pod, node_state, &self.policy);
+            let mut marked_now = false;
+            if let Action::Act {
+                cause, mark: true, ..
+            } = &action
+            {
+                let marked = self.marker.mark(&pod, cause, now).await;
+                if self.settle(Write::Mark(&pod.id()), marked, report)? == Some(true) {
+                    report.marked.push(pod.id());
+                    marked_now = true;
+                }
+            }
+            self.mark_peers(&pod, marked_now, &caches.pods, now, report)
+                .await?;
+            let Action::Act { cause, evict, .. } = action else {
                 continue;
             };
             let uid = pod.uid.clone();
             let id = pod.id();
-            if mark {
-                let marked = self.marker.mark(&pod, &cause, now).await;
-                if self.settle(Write::Mark(&id), marked, report)? == Some(true) {
-                    report.marked.push(id.clone());
-                }
-            }
             if evict && !self.evicted.contains(&uid) {
                 if self.backoff.get(&uid).is_some_and(|b| now < b.next) {
                     // A PodDisruptionBudget refused it lately: its turn comes later, without
@@ -100,6 +110,44 @@ impl Reconciler {
                         report.evictions_deferred.push(id);
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the running peers of `pod` when they are due ([`PodFacts::peers_due`]): all of them
+    /// when this pass has just marked it (`marked_now`), otherwise (a failed peer mark to
+    /// retry, another leader's mark, a failure that became real since the mark) those created by
+    /// the time of its mark; pods created later are replacements. Each peer is marked once.
+    async fn mark_peers(
+        &mut self,
+        pod: &PodFacts,
+        marked_now: bool,
+        cache: &PodCache,
+        now: Timestamp,
+        report: &mut PassReport,
+    ) -> Result<(), Stop> {
+        let marked = marked_now || self.marker.has_marked(&pod.uid);
+        if !self.policy.controller.pods.mark_pods || !pod.peers_due(marked) {
+            return Ok(());
+        }
+        let since = if marked_now {
+            None
+        } else {
+            match pod.marked_at {
+                Some(at) => Some(at),
+                // Marked by this replica earlier this term (a dry run never shows the mark):
+                // its peers were marked then.
+                None => return Ok(()),
+            }
+        };
+        let peers = cache.peers(pod, since);
+        if peers.is_empty() {
+            return Ok(());
+        }
+        for (peer, marked) in self.marker.mark_peers(pod, peers, now).await {
+            if self.settle(Write::Mark(&peer), marked, report)? == Some(true) {
+                report.peers_marked.push(peer);
             }
         }
         Ok(())

@@ -12,8 +12,9 @@
 //! - a device pod whose facts changed becomes *dirty*: the reconciler judges the dirty pods
 //!   alone ([`PodCache::take_dirty`]), instead of a full pass for every pod event;
 //! - a pod that should be marked now (a device reported unhealthy, not marked yet:
-//!   [`PodFacts::needs_mark_now`]) is sent at once to the marker task
-//!   ([`super::marker`]), before and independent of any node work.
+//!   [`PodFacts::needs_mark_now`]), or a marked gang pod whose peers are now due
+//!   ([`PodFacts::peers_due`]), is sent at once to the marker task ([`super::marker`]),
+//!   before and independent of any node work.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -24,6 +25,7 @@ use k8s_openapi::api::resource::v1::{
     ResourceClaimStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -102,6 +104,22 @@ impl PodCache {
         let mut pods: Vec<Arc<PodFacts>> = self.read().values().cloned().collect();
         sort(&mut pods);
         pods
+    }
+
+    /// The cached peers of `failed` still to mark ([`PodFacts::is_peer_of`]), sorted. One
+    /// scan of the cache, under its read lock: it runs only when a gang pod is hit.
+    pub fn peers(&self, failed: &PodFacts, since: Option<Timestamp>) -> Vec<Arc<PodFacts>> {
+        if failed.gang.is_none() {
+            return Vec::new();
+        }
+        let mut peers: Vec<Arc<PodFacts>> = self
+            .read()
+            .values()
+            .filter(|pod| pod.is_peer_of(failed, since))
+            .cloned()
+            .collect();
+        sort(&mut peers);
+        peers
     }
 
     /// How many device pods are cached.
@@ -313,8 +331,13 @@ impl Filler {
         if old.as_deref() == Some(&*facts) {
             return Some(key);
         }
-        let urgent = facts.needs_mark_now(&self.policy)
-            && old.is_none_or(|old| !old.needs_mark_now(&self.policy));
+        // A pod to mark, or a marked gang pod whose device failure just became real (its
+        // device reported unhealthy, or the pod failed): its peers are marked at once.
+        let urgent = |facts: &PodFacts| {
+            facts.needs_mark_now(&self.policy)
+                || (self.policy.controller.pods.mark_pods && facts.peers_due(false))
+        };
+        let urgent = urgent(&facts) && old.is_none_or(|old| !urgent(&old));
         if urgent && let Some(sender) = &self.urgent {
             // The receiver is gone only when the controller stops.
             let _ = sender.send(facts);
@@ -402,8 +425,18 @@ mod watched {
         /// The watch resumes from the last object's resourceVersion.
         resource_version: Option<String>,
         deletion_timestamp: Option<Time>,
+        creation_timestamp: Option<Time>,
         owner_references: Option<Vec<OwnerReference>>,
         annotations: Option<BTreeMap<String, String>>,
+        labels: Option<Labels>,
+    }
+
+    /// The one label read (the Job's uid, what makes pods peers): serde skips the others
+    /// without allocating them.
+    #[derive(Default, Deserialize)]
+    struct Labels {
+        #[serde(rename = "batch.kubernetes.io/controller-uid")]
+        job_uid: Option<String>,
     }
 
     #[derive(Deserialize)]
@@ -451,9 +484,14 @@ mod watched {
                 uid,
                 resource_version,
                 deletion_timestamp,
+                creation_timestamp,
                 owner_references,
                 annotations,
+                labels,
             } = pod.metadata;
+            let labels = labels.and_then(|labels| labels.job_uid).map(|uid| {
+                BTreeMap::from([(crate::controller::pod::JOB_UID_LABEL.to_owned(), uid)])
+            });
             let containers = |containers: Vec<Container>| {
                 containers
                     .into_iter()
@@ -481,8 +519,10 @@ mod watched {
                     uid,
                     resource_version,
                     deletion_timestamp,
+                    creation_timestamp,
                     owner_references,
                     annotations,
+                    labels,
                     ..ObjectMeta::default()
                 },
                 spec: pod.spec.map(|spec| core::PodSpec {
@@ -620,6 +660,14 @@ mod tests {
             .remove("annotations");
         bare["status"]["phase"] = json!("Failed");
         variations.push(bare);
+        // A rank of a gang, marked as the peer of another.
+        let mut rank = realistic_pod();
+        rank["metadata"]["annotations"] = json!({"gpu-guard.io/gang": "true",
+            "batch.kubernetes.io/job-completion-index": "3"});
+        rank["status"]["conditions"][1] = json!({"type": "gpu-guard.io/PeerDeviceFailure",
+            "status": "True", "reason": "PeerDeviceFailure",
+            "lastTransitionTime": "2026-11-30T11:00:00Z"});
+        variations.push(rank.clone());
         let mut init_gpu = realistic_pod();
         init_gpu["spec"]["initContainers"][0]["resources"] =
             json!({"limits": {"amd.com/gpu": "1"}});
@@ -642,6 +690,15 @@ mod tests {
         assert!(facts.is_device_pod() && facts.marked && facts.unhealthy.is_some());
         assert!(!facts.recreated_elsewhere, "a mirror pod");
         assert_eq!(facts.node.as_deref(), Some("gpu-7"));
+        let pod: WatchedPod = serde_json::from_value(rank).expect("a watched Pod");
+        let facts = PodFacts::of(&pod.0, &policy);
+        assert_eq!(facts.gang.as_deref(), Some("c0ffee"));
+        assert_eq!(facts.completion_index.as_deref(), Some("3"));
+        assert!(facts.peer_marked && !facts.marked);
+        assert_eq!(
+            facts.created.map(|created| created.to_string()).as_deref(),
+            Some("2026-11-30T10:00:00Z")
+        );
         let pod: WatchedPod = serde_json::from_value(dra).expect("a watched Pod");
         assert_eq!(
             PodFacts::of(&pod.0, &policy).claims,

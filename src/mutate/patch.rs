@@ -282,28 +282,37 @@ impl From<PatchError> for DoesNotApply {
 /// empty container of the same kind: no deep copies of the values on the request path. A patch
 /// with other operations (gpu-guard builds only `add`) is judged by json-patch itself; a `test`
 /// is judged on the shapes, not the values.
+///
+/// The skeleton holds the paths as the patch writes them. An operation that inserts into or
+/// removes from an array moves the items after it, which a later operation may then name at
+/// their new index: the skeleton does not follow them. So a failure on the skeleton is only a
+/// suspicion, confirmed by json-patch on the whole document (a copy, on that rare path only).
 pub fn check_applies(document: &Value, patch: &Patch) -> Result<(), DoesNotApply> {
     let mut copy = skeleton(document, patch);
-    for (operation, item) in patch.iter().enumerate() {
+    for item in patch.iter() {
         let PatchOperation::Add(add) = item else {
             // Not a patch gpu-guard built: json-patch judges the whole of it.
-            return check_with_json_patch(document, patch);
+            return json_patch::patch_unsafe(&mut skeleton(document, patch), &shapes(patch))
+                .or_else(|_| check_on_the_whole(document, patch));
         };
-        add_shape(&mut copy, add.path.as_str(), shape(&add.value)).map_err(|reason| {
-            DoesNotApply {
-                operation,
-                path: add.path.to_string(),
-                reason: reason.to_owned(),
-            }
-        })?;
+        if add_shape(&mut copy, add.path.as_str(), shape(&add.value)).is_err() {
+            return check_on_the_whole(document, patch);
+        }
     }
     Ok(())
 }
 
-/// [`check_applies`] for any patch: json-patch applies it to the skeleton, each added value
-/// replaced by its shape.
-fn check_with_json_patch(document: &Value, patch: &Patch) -> Result<(), DoesNotApply> {
-    let shapes: Vec<PatchOperation> = patch
+/// json-patch's verdict on the whole document, each added value replaced by its shape.
+fn check_on_the_whole(document: &Value, patch: &Patch) -> Result<(), DoesNotApply> {
+    Ok(json_patch::patch_unsafe(
+        &mut document.clone(),
+        &shapes(patch),
+    )?)
+}
+
+/// The patch with each added value replaced by its shape.
+fn shapes(patch: &Patch) -> Vec<PatchOperation> {
+    patch
         .iter()
         .map(|operation| match operation {
             PatchOperation::Add(add) => PatchOperation::Add(AddOperation {
@@ -312,11 +321,7 @@ fn check_with_json_patch(document: &Value, patch: &Patch) -> Result<(), DoesNotA
             }),
             other => other.clone(),
         })
-        .collect();
-    Ok(json_patch::patch_unsafe(
-        &mut skeleton(document, patch),
-        &shapes,
-    )?)
+        .collect()
 }
 
 /// An empty container of `value`'s kind, or `null`: what an `add` of `value` leaves for later
@@ -475,6 +480,41 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ContainerRestartRule, Toleration};
     use serde_json::json;
+
+    #[test]
+    fn an_insertion_that_moves_the_items_after_it_is_followed() {
+        // Found by the property test: `/0` inserts, so the object at index 2 is at index 3
+        // for the next operation; the skeleton keeps the paths as written.
+        let document = json!([null, null, {}]);
+        let patch: Patch = serde_json::from_value(json!([
+            {"op": "add", "path": "/0", "value": {}},
+            {"op": "add", "path": "/3/a", "value": {}},
+        ]))
+        .unwrap();
+        assert_eq!(
+            check_applies(&document, &patch).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        let removal: Patch = serde_json::from_value(json!([
+            {"op": "remove", "path": "/0"},
+            {"op": "add", "path": "/1/a", "value": 1},
+        ]))
+        .unwrap();
+        assert_eq!(
+            check_applies(&document, &removal).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        // And what does not apply on the whole document is still refused, by json-patch.
+        let past: Patch = serde_json::from_value(json!([
+            {"op": "add", "path": "/0", "value": {}},
+            {"op": "add", "path": "/2/a", "value": {}},
+        ]))
+        .unwrap();
+        assert_eq!(
+            check_applies(&document, &past).map_err(|e| e.operation),
+            Err(1)
+        );
+    }
 
     #[test]
     fn a_patch_that_does_not_apply_is_caught() {

@@ -25,7 +25,7 @@ pub struct CertsArgs {
 pub(super) fn run(args: &CertsArgs) -> Report {
     let service = format!("{}.{}.svc", args.service_name, args.namespace);
     let names = vec![service.clone(), format!("{service}.cluster.local")];
-    let pair = match crate::server::tls::generate_self_signed(&names) {
+    let pair = match gpu_guard_webhook::server::tls::generate_self_signed(&names) {
         Ok(pair) => pair,
         Err(error) => return failure(format!("cannot make the certificates: {error}\n")),
     };

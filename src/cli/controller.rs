@@ -1,13 +1,13 @@
 //! `gpu-guard controller`: the flags of the node health controller, resolved into
-//! [`ControllerSettings`](crate::controller::run::ControllerSettings).
+//! [`ControllerSettings`](gpu_guard_controller::run::ControllerSettings).
 
 use std::time::Duration;
 
 use clap::Args;
 
 use super::{KubeconfigArgs, LogArgs, Report, finished};
-use crate::controller::run::{self, ControllerSettings, LeaseSettings};
-use crate::policy::Policy;
+use gpu_guard_controller::run::{self, ControllerSettings, LeaseSettings};
+use gpu_guard_core::policy::Policy;
 
 #[derive(Debug, Args)]
 pub struct ControllerArgs {
@@ -19,13 +19,13 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_GUARD_DRY_RUN")]
     pub dry_run: bool,
     /// Address of the plain-HTTP admin listener (/healthz, /readyz, /metrics).
-    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], crate::wellknown::CONTROLLER_ADMIN_PORT)))]
+    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], gpu_guard_core::wellknown::CONTROLLER_ADMIN_PORT)))]
     pub admin_listen: std::net::SocketAddr,
     /// Namespace of the leader-election Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-guard")]
     pub lease_namespace: String,
     /// Name of the leader-election Lease.
-    #[arg(long, env = "GPU_GUARD_LEASE_NAME", default_value = crate::wellknown::LEASE_NAME)]
+    #[arg(long, env = "GPU_GUARD_LEASE_NAME", default_value = gpu_guard_core::wellknown::LEASE_NAME)]
     pub lease_name: String,
     /// Seconds a Lease lasts without renewal (renewed every 2 s, or a fifth of two thirds of it
     /// when shorter than 15 s), 3 to 3600.
@@ -72,8 +72,8 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use crate::install::controller_container_args;
-    use crate::wellknown::{CONTROLLER_ADMIN_PORT, LEASE_NAME};
     use clap::Parser;
+    use gpu_guard_core::wellknown::{CONTROLLER_ADMIN_PORT, LEASE_NAME};
 
     fn args(flags: &[&str]) -> ControllerArgs {
         let cli =

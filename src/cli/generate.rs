@@ -11,10 +11,10 @@ use serde_json::Value;
 
 use super::{Report, failure};
 use crate::install;
-use crate::manifest::{self, Format};
-use crate::mutate;
-use crate::policy::Policy;
-use crate::rules::names::dns_label_errors;
+use gpu_guard_core::api_rules::names::dns_label_errors;
+use gpu_guard_core::mutate;
+use gpu_guard_core::policy::Policy;
+use gpu_guard_manifest::{self as manifest, Format};
 
 #[derive(Debug, Subcommand)]
 pub enum GenerateCommand {
@@ -75,7 +75,7 @@ pub struct FailurePolicyArgs {
     #[arg(long)]
     pub per_index: bool,
     /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    #[arg(short = 'o', long = "output", value_parser = super::formats(), default_value = "yaml")]
     pub output: Format,
 }
 

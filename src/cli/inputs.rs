@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::manifest::{self, Documents, InputError, Limits};
+use gpu_guard_manifest::{self as manifest, Documents, InputError, Limits};
 
 /// The inputs flags shared by `mutate` and `check`.
 #[derive(Debug, Args)]

@@ -23,9 +23,9 @@ use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::install;
-use crate::manifest::{self, Format};
-use crate::policy::{self, Policy, PolicyError};
-use crate::process::{self, LogColour, LogFormat, Stopped};
+use gpu_guard_core::policy::{self, Policy, PolicyError};
+use gpu_guard_manifest::{self as manifest, Format};
+use gpu_guard_runtime::process::{self, LogColour, LogFormat, Stopped};
 
 pub use certs::CertsArgs;
 pub use check::{CheckArgs, CheckFormat};
@@ -125,7 +125,7 @@ pub enum Command {
 #[serde(rename_all = "camelCase")]
 pub struct LogArgs {
     /// Log format.
-    #[arg(long, env = "GPU_GUARD_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(long, env = "GPU_GUARD_LOG_FORMAT", value_parser = log_formats(), default_value = "text")]
     pub log_format: LogFormat,
     /// Log level or tracing filter (e.g. info, debug, gpu_guard=debug). At info `serve` logs a
     /// line for each denial, guard finding and object left unchanged with a warning;
@@ -134,7 +134,7 @@ pub struct LogArgs {
     pub log_level: String,
     /// Colour codes in text logs: auto (only when stderr is a terminal and NO_COLOR is unset),
     /// always or never.
-    #[arg(long, env = "GPU_GUARD_LOG_COLOR", value_enum, default_value = "auto")]
+    #[arg(long, env = "GPU_GUARD_LOG_COLOR", value_parser = log_colours(), default_value = "auto")]
     pub log_color: LogColour,
 }
 
@@ -378,51 +378,68 @@ fn finished(result: Result<Stopped, String>) -> Report {
 
 // === value enums of the modules below: clap stays here ===
 
-/// Implements [`ValueEnum`] for an enum of another module, with each value's help text.
-macro_rules! value_enum {
-    ($type:ident { $($variant:ident => $name:literal $(: $help:literal)?),+ $(,)? }) => {
-        impl ValueEnum for $type {
-            fn value_variants<'a>() -> &'a [Self] {
-                &[$($type::$variant),+]
-            }
-
-            fn to_possible_value(&self) -> Option<PossibleValue> {
-                Some(match self {
-                    $($type::$variant => PossibleValue::new($name)$(.help($help))?),+
-                })
-            }
+/// A value parser for an enum of another crate (the orphan rule keeps clap's `ValueEnum` off
+/// it), with each value's name and help text: `--help` lists them as for a `ValueEnum`.
+macro_rules! values_of {
+    ($parser:ident -> $type:ident { $($variant:ident => $name:literal $(: $help:literal)?),+ $(,)? }) => {
+        pub(crate) fn $parser() -> impl clap::builder::TypedValueParser<Value = $type> {
+            let names = clap::builder::PossibleValuesParser::new([
+                $(PossibleValue::new($name)$(.help($help))?),+
+            ]);
+            clap::builder::TypedValueParser::map(names, |value: String| match value.as_str() {
+                $($name => $type::$variant,)+
+                _ => unreachable!("clap accepts only the values listed"),
+            })
         }
     };
 }
 
-value_enum!(LogFormat {
+values_of!(log_formats -> LogFormat {
     Json => "json": "One JSON object a line (for log collectors)",
     Text => "text": "Human-readable lines",
 });
-value_enum!(LogColour {
+values_of!(log_colours -> LogColour {
     Auto => "auto": "Colour only when stderr is a terminal and NO_COLOR is unset or empty",
     Always => "always",
     Never => "never",
 });
-value_enum!(Format { Yaml => "yaml", Json => "json" });
+values_of!(formats -> Format { Yaml => "yaml", Json => "json" });
 use install::FailurePolicy;
-value_enum!(FailurePolicy {
-    Ignore => "ignore": "Admit the object when the webhook cannot be reached (the default: gpu-guard can never block the cluster)",
-    Fail => "fail": "Reject the object when the webhook cannot be reached",
-});
+impl ValueEnum for FailurePolicy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[FailurePolicy::Ignore, FailurePolicy::Fail]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            FailurePolicy::Ignore => PossibleValue::new("ignore").help(
+                "Admit the object when the webhook cannot be reached (the default: gpu-guard can never block the cluster)",
+            ),
+            FailurePolicy::Fail => {
+                PossibleValue::new("fail").help("Reject the object when the webhook cannot be reached")
+            }
+        })
+    }
+}
 
 /// The cluster caches (PriorityClasses, Nodes, DRA objects) of the cluster `kubeconfig` names,
 /// listed within `timeout`, and the runtime that keeps them (it must live while they are read).
 pub(crate) fn cluster_cache(
     kubeconfig: &std::path::Path,
     timeout: Duration,
-) -> Result<(tokio::runtime::Runtime, crate::cluster::ClusterCache), String> {
+) -> Result<
+    (
+        tokio::runtime::Runtime,
+        gpu_guard_runtime::cluster::ClusterCache,
+    ),
+    String,
+> {
     let runtime = process::runtime(Some(1))?;
     let cache = runtime.block_on(async {
-        let client = crate::cluster::client(Some(kubeconfig))
+        let client = gpu_guard_runtime::cluster::client(Some(kubeconfig))
             .await
             .map_err(|error| error.to_string())?;
-        let cache = crate::cluster::ClusterCache::start(client);
+        let cache = gpu_guard_runtime::cluster::ClusterCache::start(client);
         if cache.wait_synced(timeout).await {
             Ok(cache)
         } else {

@@ -11,17 +11,17 @@ use serde_json::Value;
 use super::inputs::{InputArgs, Inputs};
 use super::tally::{self, Tally};
 use super::{Log, exit};
-use crate::guard::{ClusterView, Layered, StaticView};
-use crate::manifest::{self, Document, DocumentWriter, Format};
-use crate::mutate::{SkipReason, object, other_kinds};
-use crate::policy::{DraFacts, Policy};
+use gpu_guard_core::guard::{ClusterView, Layered, StaticView};
+use gpu_guard_core::mutate::{SkipReason, object, other_kinds};
+use gpu_guard_core::policy::{DraFacts, Policy};
+use gpu_guard_manifest::{self as manifest, Document, DocumentWriter, Format};
 
 #[derive(Debug, Args)]
 pub struct MutateArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    #[arg(short = 'o', long = "output", value_parser = super::formats(), default_value = "yaml")]
     pub output: Format,
     /// Print a unified diff of each input against its mutated form instead of the
     /// manifests; exit 1 when there is a difference (as `diff` and `kubectl diff` do).
@@ -277,7 +277,7 @@ impl Run<'_, '_> {
                 self.log.note(&format!("{name}: unchanged"));
                 self.tally.add("unchanged", &kind);
             }
-            None => match crate::mutate::patch::apply(value, &mutation.patch) {
+            None => match gpu_guard_core::mutate::patch::apply(value, &mutation.patch) {
                 Ok(mutated) => {
                     *value = mutated;
                     self.log
@@ -411,7 +411,7 @@ fn carries_gang_rules(value: &Value) -> bool {
         .into_iter()
         .flatten()
         .filter_map(|rule| rule.get("name").and_then(Value::as_str))
-        .any(|name| name.starts_with(crate::mutate::jobset::RULE_PREFIX))
+        .any(|name| name.starts_with(gpu_guard_core::mutate::jobset::RULE_PREFIX))
 }
 
 fn object_name(value: &Value, location: &str) -> String {

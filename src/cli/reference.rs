@@ -1,19 +1,19 @@
 //! The CLI reference (`docs/reference/cli.md`), generated from the clap definitions so that it
-//! cannot drift from the binary: `tests/reference_docs.rs` fails when the checked-in file is
-//! stale (`GPU_GUARD_BLESS=1 cargo test --test reference_docs` rewrites it).
+//! cannot drift from the binary: `tests/it/reference_docs.rs` fails when the checked-in file is
+//! stale (`GPU_GUARD_BLESS=1 cargo test --test it reference_docs` rewrites it).
 
 use std::fmt::Write as _;
 
 use clap::{Arg, ArgAction, Command, CommandFactory};
 
 use super::Cli;
-use crate::policy::reference::cell;
+use gpu_guard_core::policy::reference::cell;
 
 /// The whole reference, one section per command and subcommand.
 pub fn markdown() -> String {
     let mut out = String::from(
         "# CLI reference\n\n<!-- Generated from the clap definitions in src/cli/ by \
-         tests/reference_docs.rs; do not edit. -->\n\n",
+         tests/it/reference_docs.rs; do not edit. -->\n\n",
     );
     let mut root = Cli::command();
     root.build();

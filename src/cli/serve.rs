@@ -1,5 +1,5 @@
 //! `gpu-guard serve`: the flags of the webhook server, resolved into
-//! [`ServeSettings`](crate::server::run::ServeSettings).
+//! [`ServeSettings`](gpu_guard_webhook::server::run::ServeSettings).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,18 +7,18 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{KubeconfigArgs, LogArgs, Report, finished};
-use crate::manifest;
-use crate::policy::{self, Policy};
-use crate::server::run::{ServeSettings, serve};
+use gpu_guard_core::policy::{self, Policy};
+use gpu_guard_manifest as manifest;
+use gpu_guard_webhook::server::run::{ServeSettings, serve};
 
 #[derive(Debug, Args, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServeArgs {
     /// Address of the HTTPS webhook listener.
-    #[arg(long, env = "GPU_GUARD_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], crate::wellknown::WEBHOOK_PORT)))]
+    #[arg(long, env = "GPU_GUARD_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], gpu_guard_core::wellknown::WEBHOOK_PORT)))]
     pub listen: std::net::SocketAddr,
     /// Address of the plain-HTTP admin listener (/healthz, /readyz).
-    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], crate::wellknown::SERVE_ADMIN_PORT)))]
+    #[arg(long, env = "GPU_GUARD_ADMIN_LISTEN", default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], gpu_guard_core::wellknown::SERVE_ADMIN_PORT)))]
     pub admin_listen: std::net::SocketAddr,
     /// PEM certificate chain (leaf first). Re-read when it changes.
     #[arg(long, env = "GPU_GUARD_TLS_CERT_FILE", requires = "tls_key_file")]

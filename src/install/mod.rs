@@ -1,6 +1,6 @@
 //! The installation, as typed Kubernetes objects: `gpu-guard generate webhook-config` renders
 //! them, and `webhook-config/base/` is that output (a test fails when it is stale). Names, ports,
-//! paths and labels are defined once here and in [`crate::server`], so the manifests and the
+//! paths and labels are defined once here and in [`gpu_guard_webhook::server`], so the manifests and the
 //! server cannot disagree.
 
 use std::collections::BTreeMap;
@@ -30,10 +30,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
-use crate::cluster;
+use gpu_guard_runtime::cluster;
 
 mod network_policy;
-use crate::wellknown::{
+use gpu_guard_core::wellknown::{
     CONTROLLER_ADMIN_PORT, ENABLED_LABEL, HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH,
     SERVE_ADMIN_PORT as ADMIN_PORT, VALIDATE_PATH, WEBHOOK_PORT,
 };
@@ -262,7 +262,7 @@ fn namespaced_role(
     component: &str,
     name: &str,
     namespace: &str,
-    rules: &[crate::controller::NamedRule],
+    rules: &[gpu_guard_controller::NamedRule],
 ) -> Vec<Value> {
     let meta = || component_meta(component, name, Some(namespace));
     let rules = rules
@@ -486,8 +486,8 @@ pub const CONTROLLER_DOWNWARD_API_ENV: [(&str, &str); 2] = [
 ];
 
 /// The controller (`gpu-guard controller`): its ServiceAccount, ClusterRole (exactly
-/// [`crate::controller::RBAC_RULES`]) and binding, a Role of its namespace (exactly
-/// [`crate::controller::LEASE_RULES`]: its own Lease) and binding, a Deployment of two replicas of which
+/// [`gpu_guard_controller::RBAC_RULES`]) and binding, a Role of its namespace (exactly
+/// [`gpu_guard_controller::LEASE_RULES`]: its own Lease) and binding, a Deployment of two replicas of which
 /// the Lease holder acts, and its NetworkPolicy.
 pub fn controller(options: &Options) -> Vec<File> {
     const NAME: &str = "gpu-guard-controller";
@@ -497,13 +497,13 @@ pub fn controller(options: &Options) -> Vec<File> {
         "controller",
         NAME,
         namespace,
-        &crate::controller::RBAC_RULES,
+        &gpu_guard_controller::RBAC_RULES,
     );
     rbac.extend(namespaced_role(
         "controller",
         NAME,
         namespace,
-        &crate::controller::LEASE_RULES,
+        &gpu_guard_controller::LEASE_RULES,
     ));
     let labels = component_labels("controller");
     let env = CONTROLLER_DOWNWARD_API_ENV
@@ -891,7 +891,7 @@ pub fn render(files: &[File], kind: Generated) -> Vec<(String, String)> {
     let mut rendered: Vec<(String, String)> = files
         .iter()
         .map(|file| {
-            let body = crate::manifest::render(&file.objects, crate::manifest::Format::Yaml);
+            let body = gpu_guard_manifest::render(&file.objects, gpu_guard_manifest::Format::Yaml);
             (file.name.to_owned(), format!("{header}{body}"))
         })
         .collect();
@@ -899,7 +899,7 @@ pub fn render(files: &[File], kind: Generated) -> Vec<(String, String)> {
         "kustomization.yaml".to_owned(),
         format!(
             "{header}{}",
-            crate::manifest::to_yaml(&kustomization(files, local))
+            gpu_guard_manifest::to_yaml(&kustomization(files, local))
         ),
     ));
     rendered

@@ -10,10 +10,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::cli::tally;
-use crate::guard::{self, Allowed, ClusterView, GuardedKind, Priority, StaticView, Verdict};
-use crate::manifest::Object;
-use crate::mutate::{object, other_kinds};
-use crate::policy::{GuardMode, Policy};
+use gpu_guard_core::guard::{
+    self, Allowed, ClusterView, GuardedKind, Priority, StaticView, Verdict,
+};
+use gpu_guard_core::mutate::{object, other_kinds};
+use gpu_guard_core::policy::{GuardMode, Policy};
+use gpu_guard_manifest::Object;
 
 /// One object's result.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -126,7 +128,7 @@ pub fn learn(view: &mut StaticView, object: &Object<'_>) -> Result<(), String> {
                 }
             }
         }
-        (Some("v1"), Some("Node")) => match crate::decode::from_json_value(value) {
+        (Some("v1"), Some("Node")) => match gpu_guard_core::decode::from_json_value(value) {
             Ok(node) => view.add_node(node),
             Err(error) => {
                 return Err(format!(

@@ -15,9 +15,9 @@ use super::{Log, exit};
 
 mod findings;
 
-use crate::guard::{ClusterView, StaticView};
-use crate::manifest;
-use crate::policy::Policy;
+use gpu_guard_core::guard::{ClusterView, StaticView};
+use gpu_guard_core::policy::Policy;
+use gpu_guard_manifest as manifest;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -88,7 +88,7 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
     let layered;
     let view: &dyn ClusterView = match &cluster {
         Some((_runtime, cache)) => {
-            layered = crate::guard::Layered {
+            layered = gpu_guard_core::guard::Layered {
                 over: facts,
                 under: cache,
             };

@@ -1,0 +1,29 @@
+//! gpu-guard's pure core: every decision, as plain functions over typed objects.
+//!
+//! Nothing here talks to the network, spawns a task or reads a clock it is not given; Cargo
+//! keeps it so (this crate depends on no Kubernetes client, async runtime, HTTP or TLS crate).
+//! The webhook, the controller and the command line all call these functions, so they cannot
+//! disagree.
+//!
+//! | module | what it owns |
+//! |---|---|
+//! | [`wellknown`], [`field`], [`decode`] | every `gpu-guard.io/*` name; `FieldPath` and `Violation`; decoding errors in words |
+//! | [`api_rules`] | the API server's (and JobSet's webhook's) validation of what gpu-guard writes |
+//! | [`policy`] | the policy file: types, defaults, loading, validation, the device rule |
+//! | [`mutate`] | the mutation engine and the JSON Patch derived from its result |
+//! | [`guard`] | the GPU-node guard: workload + cluster view -> allow, warn or deny |
+//! | [`health`] | the controller's verdicts on nodes and pods |
+
+pub mod wellknown;
+
+pub mod decode;
+pub mod field;
+
+pub mod api_rules;
+
+pub mod policy;
+
+pub mod guard;
+pub mod mutate;
+
+pub mod health;

@@ -1,0 +1,26 @@
+//! The integration tests of the `gpu-guard` binary and of the crates working together, as one
+//! test binary (one link instead of one per file).
+
+mod reviews;
+mod source;
+mod support;
+
+mod api_rules_fixtures;
+mod cli;
+mod cluster;
+mod controller;
+mod controller_lease;
+mod controller_nodes;
+mod controller_pods;
+mod corpus;
+mod dra;
+mod fuzz;
+mod gang;
+mod hints;
+mod install;
+mod properties;
+mod reapply;
+mod reference_docs;
+mod server;
+mod snapshots;
+mod validate;

@@ -5,7 +5,6 @@ mod reviews;
 mod source;
 mod support;
 
-mod api_rules_fixtures;
 mod cli;
 mod cluster;
 mod controller;
@@ -22,5 +21,4 @@ mod properties;
 mod reapply;
 mod reference_docs;
 mod server;
-mod snapshots;
 mod validate;

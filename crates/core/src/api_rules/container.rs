@@ -16,7 +16,7 @@
 //!   containers, sidecars included when the `RestartAllContainersOnContainerExits` gate is on).
 //!   Read from a kubernetes source tree of the 1.35/1.36 line (it has both gates); the tagged
 //!   1.36 file was not reachable from here, and no real apiserver has yet answered these cases
-//!   (`tests/fixtures/apiserver-cases/` has none), so the messages are the source's, unchecked.
+//!   (`crates/core/tests/fixtures/apiserver-cases/` has none), so the messages are the source's, unchecked.
 //!
 //! Feature gates: `ContainerRestartRules` is beta and on by default since 1.35 (the Kubernetes
 //! feature-gate page); `RestartAllContainersOnContainerExits` was alpha (off) in 1.35 and is

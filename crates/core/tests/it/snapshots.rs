@@ -12,7 +12,7 @@ use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use serde_json::{Value, json};
 
 fn fixtures() -> Vec<(String, Value)> {
-    let mut paths: Vec<_> = std::fs::read_dir("tests/fixtures/admission")
+    let mut paths: Vec<_> = std::fs::read_dir("../../tests/fixtures/admission")
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.to_string_lossy().ends_with("-mutate.json"))

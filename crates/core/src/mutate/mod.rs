@@ -20,7 +20,7 @@
 //! no whole-object diff is needed on the request path.
 //!
 //! ```
-//! use gpu_guard::{mutate::mutate_job, policy::Policy};
+//! use gpu_guard_core::{mutate::mutate_job, policy::Policy};
 //! let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(serde_json::json!({
 //!     "metadata": {"name": "train"},
 //!     "spec": {"template": {"spec": {
@@ -31,7 +31,7 @@
 //! let outcome = mutate_job(&job, &Policy::embedded());
 //! let rules = &outcome.job.spec.as_ref().unwrap().pod_failure_policy.as_ref().unwrap().rules;
 //! assert_eq!(rules.len(), 3); // DisruptionTarget, DeviceFailure, exit codes of "main"
-//! assert!(gpu_guard::rules::job::check_job(&outcome.job).is_empty());
+//! assert!(gpu_guard_core::api_rules::job::check_job(&outcome.job).is_empty());
 //! ```
 
 mod change;

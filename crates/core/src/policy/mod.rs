@@ -7,7 +7,7 @@
 //! nothing is half-applied.
 //!
 //! ```
-//! let policy = gpu_guard::policy::Policy::embedded();
+//! let policy = gpu_guard_core::policy::Policy::embedded();
 //! assert!(policy.devices.is_device_resource("nvidia.com/gpu"));
 //! assert!(policy.devices.is_device_resource("nvidia.com/mig-1g.5gb"));
 //! assert!(!policy.devices.is_device_resource("cpu"));

@@ -30,6 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
+use gpu_guard_core::kinds::{KINDS, Scope, WorkloadKind};
 use gpu_guard_runtime::cluster;
 
 mod network_policy;
@@ -680,91 +681,59 @@ fn client_config(options: &Options, path: &str) -> WebhookClientConfig {
     }
 }
 
-/// One registration rule: `(API group, version, resources, operations)`.
-pub type Registration = (
-    &'static str,
-    &'static str,
-    &'static [&'static str],
-    &'static [&'static str],
-);
+/// The operations both webhooks are called for. The mutating webhook changes Jobs, CronJobs
+/// (their `jobTemplate`, so the protection is visible on the CronJob), JobSets and Kubeflow
+/// Trainer runtimes (their JobSet template) at CREATE, and at UPDATE only puts back what a
+/// server-side apply dropped of gpu-guard's changes. The validating webhook judges at CREATE
+/// and UPDATE: a Pod can gain tolerations and, while scheduling-gated, node selectors after it
+/// is created; Kueue admits a suspended Job or JobSet by an UPDATE that adds its flavor's node
+/// selector and tolerations.
+const OPERATIONS: [&str; 2] = ["CREATE", "UPDATE"];
 
-fn rules(registrations: &[Registration], scope: &str) -> Vec<RuleWithOperations> {
-    registrations
+/// The registration rules of the kinds of `scope` that `wanted` selects in the kind registry:
+/// one rule per API group and version, its resources in the registry's order. Subresources
+/// are not listed, so never sent; when the JobSet or Trainer CRDs are not installed, the API
+/// server never sends those kinds.
+///
+/// ClusterTrainingRuntimes are cluster-scoped: a `namespaceSelector` does not filter them, so a
+/// webhook of their own ([`CLUSTER_RUNTIMES_WEBHOOK_NAME`]) selects those labelled
+/// `gpu-guard.io/enabled: "true"` (the opt-in of a cluster-scoped object).
+fn rules(scope: Scope, wanted: fn(&WorkloadKind) -> bool) -> Vec<RuleWithOperations> {
+    let mut rules: Vec<RuleWithOperations> = Vec::new();
+    for known in KINDS
         .iter()
-        .map(
-            |(group, version, resources, operations)| RuleWithOperations {
-                api_groups: Some(vec![(*group).to_owned()]),
-                api_versions: Some(vec![(*version).to_owned()]),
-                resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
-                operations: Some(operations.iter().map(|o| (*o).to_owned()).collect()),
-                scope: Some(scope.to_owned()),
-            },
-        )
-        .collect()
+        .filter(|known| known.scope == scope && wanted(known))
+    {
+        let same_api = |rule: &&mut RuleWithOperations| {
+            rule.api_groups.as_deref() == Some(&[known.group.to_owned()][..])
+                && rule.api_versions.as_deref() == Some(&[known.version.to_owned()][..])
+        };
+        match rules.iter_mut().find(same_api) {
+            Some(rule) => rule
+                .resources
+                .get_or_insert_with(Vec::new)
+                .push(known.resource.to_owned()),
+            None => rules.push(RuleWithOperations {
+                api_groups: Some(vec![known.group.to_owned()]),
+                api_versions: Some(vec![known.version.to_owned()]),
+                resources: Some(vec![known.resource.to_owned()]),
+                operations: Some(OPERATIONS.iter().map(|o| (*o).to_owned()).collect()),
+                scope: Some(scope.as_str().to_owned()),
+            }),
+        }
+    }
+    rules
 }
 
-/// The namespaced resources the mutating webhook changes: Jobs, CronJobs (their
-/// `jobTemplate`, so the protection is visible on the CronJob), JobSets and Kubeflow Trainer
-/// TrainingRuntimes (their JobSet template), at CREATE; at UPDATE only to put back what a
-/// server-side apply dropped of gpu-guard's changes. When the JobSet or Trainer CRDs are not
-/// installed, the API server never sends those kinds.
-pub const MUTATED: [Registration; 3] = [
-    ("batch", "v1", &["jobs", "cronjobs"], &["CREATE", "UPDATE"]),
-    (
-        "jobset.x-k8s.io",
-        "v1alpha2",
-        &["jobsets"],
-        &["CREATE", "UPDATE"],
-    ),
-    (
-        "trainer.kubeflow.org",
-        "v1alpha1",
-        &["trainingruntimes"],
-        &["CREATE", "UPDATE"],
-    ),
-];
+/// The kinds the mutating webhook is called for.
+fn mutated(known: &WorkloadKind) -> bool {
+    known.mutated
+}
 
-/// The resources the validating webhook judges, at CREATE and UPDATE (a Pod can gain
-/// tolerations and, while scheduling-gated, node selectors after it is created; Kueue admits a
-/// suspended Job or JobSet by an UPDATE that adds its flavor's node selector and tolerations).
-/// Subresources are not listed, so never sent.
-pub const VALIDATED: [Registration; 5] = [
-    (
-        "",
-        "v1",
-        &["pods", "replicationcontrollers"],
-        &["CREATE", "UPDATE"],
-    ),
-    (
-        "apps",
-        "v1",
-        &["deployments", "statefulsets", "daemonsets", "replicasets"],
-        &["CREATE", "UPDATE"],
-    ),
-    ("batch", "v1", &["jobs", "cronjobs"], &["CREATE", "UPDATE"]),
-    (
-        "jobset.x-k8s.io",
-        "v1alpha2",
-        &["jobsets"],
-        &["CREATE", "UPDATE"],
-    ),
-    (
-        "trainer.kubeflow.org",
-        "v1alpha1",
-        &["trainingruntimes"],
-        &["CREATE", "UPDATE"],
-    ),
-];
-
-/// ClusterTrainingRuntimes are cluster-scoped: a `namespaceSelector` does not filter them, so a
-/// webhook of their own selects those labelled `gpu-guard.io/enabled: "true"` (the opt-in of a
-/// cluster-scoped object). Mutated and judged as the namespaced kinds are.
-pub const CLUSTER_RUNTIMES: [Registration; 1] = [(
-    "trainer.kubeflow.org",
-    "v1alpha1",
-    &["clustertrainingruntimes"],
-    &["CREATE", "UPDATE"],
-)];
+/// The kinds the validating webhook is called for.
+fn guarded(known: &WorkloadKind) -> bool {
+    known.guarded
+}
 
 /// The name of the webhooks for cluster-scoped Trainer runtimes (in both configurations).
 pub const CLUSTER_RUNTIMES_WEBHOOK_NAME: &str = "clustertrainingruntimes.gpu-guard.io";
@@ -790,7 +759,7 @@ pub fn webhooks(options: &Options) -> Vec<Value> {
                 match_policy: Some("Equivalent".to_owned()),
                 namespace_selector: Some(namespace_selector(own)),
                 reinvocation_policy: Some("IfNeeded".to_owned()),
-                rules: Some(rules(&MUTATED, "Namespaced")),
+                rules: Some(rules(Scope::Namespaced, mutated)),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
                 ..MutatingWebhook::default()
@@ -803,7 +772,7 @@ pub fn webhooks(options: &Options) -> Vec<Value> {
                 match_policy: Some("Equivalent".to_owned()),
                 object_selector: Some(opted_in_objects()),
                 reinvocation_policy: Some("IfNeeded".to_owned()),
-                rules: Some(rules(&CLUSTER_RUNTIMES, "Cluster")),
+                rules: Some(rules(Scope::Cluster, mutated)),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
                 ..MutatingWebhook::default()
@@ -820,7 +789,7 @@ pub fn webhooks(options: &Options) -> Vec<Value> {
                 failure_policy: Some(options.validate_failure_policy.as_str().to_owned()),
                 match_policy: Some("Equivalent".to_owned()),
                 namespace_selector: Some(namespace_selector(own)),
-                rules: Some(rules(&VALIDATED, "Namespaced")),
+                rules: Some(rules(Scope::Namespaced, guarded)),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
                 ..ValidatingWebhook::default()
@@ -832,7 +801,7 @@ pub fn webhooks(options: &Options) -> Vec<Value> {
                 failure_policy: Some(options.validate_failure_policy.as_str().to_owned()),
                 match_policy: Some("Equivalent".to_owned()),
                 object_selector: Some(opted_in_objects()),
-                rules: Some(rules(&CLUSTER_RUNTIMES, "Cluster")),
+                rules: Some(rules(Scope::Cluster, guarded)),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
                 ..ValidatingWebhook::default()

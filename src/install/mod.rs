@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
 use gpu_guard_core::kinds::{KINDS, Scope, WorkloadKind};
-use gpu_guard_runtime::cluster;
+use gpu_guard_runtime::cluster::{self, RbacRule};
 
 mod network_policy;
 use gpu_guard_core::wellknown::{
@@ -221,24 +221,10 @@ fn rbac(namespace: &str) -> Vec<Value> {
     rbac_objects("webhook", "gpu-guard", namespace, &cluster::RBAC_RULES)
 }
 
-/// A component's ServiceAccount, a ClusterRole with exactly `rules` (`(API group, resource,
-/// verbs)`, as the code declares them) and the binding, all named `name`.
-fn rbac_objects(
-    component: &str,
-    name: &str,
-    namespace: &str,
-    rules: &[(&str, &str, &[&str])],
-) -> Vec<Value> {
+/// A component's ServiceAccount, a ClusterRole with exactly `rules` (as the code declares them)
+/// and the binding, all named `name`.
+fn rbac_objects(component: &str, name: &str, namespace: &str, rules: &[RbacRule]) -> Vec<Value> {
     let meta = |namespace: Option<&str>| component_meta(component, name, namespace);
-    let rules = rules
-        .iter()
-        .map(|(group, resource, verbs)| PolicyRule {
-            api_groups: Some(vec![(*group).to_owned()]),
-            resources: Some(vec![(*resource).to_owned()]),
-            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-            ..PolicyRule::default()
-        })
-        .collect();
     vec![
         to_value(ServiceAccount {
             metadata: meta(Some(namespace)),
@@ -246,7 +232,7 @@ fn rbac_objects(
         }),
         to_value(ClusterRole {
             metadata: meta(None),
-            rules: Some(rules),
+            rules: Some(policy_rules(rules)),
             ..ClusterRole::default()
         }),
         to_value(ClusterRoleBinding {
@@ -257,30 +243,14 @@ fn rbac_objects(
     ]
 }
 
-/// A Role of `namespace` with `rules` (each with its `resourceNames`, none: any name) and its
-/// binding to the ServiceAccount `name`, both named `name`.
-fn namespaced_role(
-    component: &str,
-    name: &str,
-    namespace: &str,
-    rules: &[gpu_guard_controller::NamedRule],
-) -> Vec<Value> {
+/// A Role of `namespace` with `rules` and its binding to the ServiceAccount `name`, both named
+/// `name`.
+fn namespaced_role(component: &str, name: &str, namespace: &str, rules: &[RbacRule]) -> Vec<Value> {
     let meta = || component_meta(component, name, Some(namespace));
-    let rules = rules
-        .iter()
-        .map(|(group, resource, verbs, names)| PolicyRule {
-            api_groups: Some(vec![(*group).to_owned()]),
-            resources: Some(vec![(*resource).to_owned()]),
-            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-            resource_names: (!names.is_empty())
-                .then(|| names.iter().map(|n| (*n).to_owned()).collect()),
-            ..PolicyRule::default()
-        })
-        .collect();
     vec![
         to_value(Role {
             metadata: meta(),
-            rules: Some(rules),
+            rules: Some(policy_rules(rules)),
         }),
         to_value(RoleBinding {
             metadata: meta(),
@@ -288,6 +258,22 @@ fn namespaced_role(
             subjects: Some(account_subject(name, namespace)),
         }),
     ]
+}
+
+/// `rules` as a Role's or ClusterRole's, one resource each (`resourceNames` only when a rule
+/// names its objects).
+fn policy_rules(rules: &[RbacRule]) -> Vec<PolicyRule> {
+    let strings = |items: &[&str]| items.iter().map(|item| (*item).to_owned()).collect();
+    rules
+        .iter()
+        .map(|rule| PolicyRule {
+            api_groups: Some(vec![rule.group.to_owned()]),
+            resources: Some(vec![rule.resource.to_owned()]),
+            verbs: strings(rule.verbs),
+            resource_names: (!rule.names.is_empty()).then(|| strings(rule.names)),
+            ..PolicyRule::default()
+        })
+        .collect()
 }
 
 /// A binding's reference to the `kind` (`ClusterRole`, `Role`) named `name`.

@@ -2,15 +2,14 @@
 //! them, and `webhook-config/base/` is that output (a test fails when it is stale). Names, ports,
 //! paths and labels are defined once here and in [`gpu_guard_webhook::server`], so the manifests and the
 //! server cannot disagree.
-
 //!
 //! | file | what it holds |
 //! |---|---|
 //! | `mod.rs` | the options, the labels every object carries, the base installation file by file |
 //! | `server.rs` | the webhook server: Deployment, PodDisruptionBudget, Service |
-//! | `webhooks.rs` | the Mutating- and ValidatingWebhookConfigurations, their rules from the kind registry |
+//! | `webhooks.rs` | the webhook configurations, their rules read from the kind registry |
 //! | `controller.rs` | the controller's installation |
-//! | `rbac.rs` | ServiceAccounts, ClusterRoles, Roles and bindings from the code's [`gpu_guard_runtime::cluster::RbacRule`]s |
+//! | `rbac.rs` | ServiceAccounts, ClusterRoles, Roles and bindings from the code's RBAC rules |
 //! | `pod.rs` | the pod spec parts both Deployments share |
 //! | `network_policy.rs` | the NetworkPolicies of both components |
 //! | `kustomize.rs` | the rendered files and their `kustomization.yaml` |

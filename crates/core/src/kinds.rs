@@ -81,60 +81,13 @@ pub struct WorkloadKind {
     pub templates: PodTemplates,
 }
 
-const fn entry(
-    id: Kind,
-    (group, version, kind, resource): (&'static str, &'static str, &'static str, &'static str),
-    api_name: &'static str,
-    scope: Scope,
-) -> WorkloadKind {
-    WorkloadKind {
-        id,
-        group,
-        version,
-        kind,
-        resource,
-        api_name,
-        scope,
-        built_in: false,
-        mutated: false,
-        guarded: false,
-        templates: PodTemplates::None,
-    }
-}
-
 impl WorkloadKind {
-    const fn built_in(self) -> Self {
-        Self {
-            built_in: true,
-            ..self
-        }
-    }
-
-    const fn mutated(self) -> Self {
-        Self {
-            mutated: true,
-            ..self
-        }
-    }
-
-    const fn guarded(self) -> Self {
-        Self {
-            guarded: true,
-            ..self
-        }
-    }
-
-    const fn templates(self, templates: PodTemplates) -> Self {
-        Self { templates, ..self }
-    }
-
     /// Whether the webhooks handle it (it is mutated or judged).
     pub fn handled(&self) -> bool {
         self.mutated || self.guarded
     }
 }
 
-const NAMESPACED: Scope = Scope::Namespaced;
 /// A pod template owner's pod spec (`spec.template` is a PodTemplateSpec).
 const OWNER: PodTemplates = PodTemplates::One("/spec/template/spec");
 /// A Trainer runtime's JobSet spec (trainer `pkg/apis/trainer/v1alpha1/trainingruntime_types.go`:
@@ -144,130 +97,179 @@ const RUNTIME: PodTemplates = PodTemplates::PerReplicatedJob("/spec/template/spe
 /// Every kind gpu-guard knows, in the order of [`Kind`] (the webhook rules list them in this
 /// order, grouped by API group and version).
 pub const KINDS: [WorkloadKind; 13] = [
-    entry(Kind::Pod, ("", "v1", "Pod", "pods"), "v1 Pod", NAMESPACED)
-        .built_in()
-        .guarded()
-        .templates(PodTemplates::One("/spec")),
-    entry(
-        Kind::ReplicationController,
-        ("", "v1", "ReplicationController", "replicationcontrollers"),
-        "v1 ReplicationController",
-        NAMESPACED,
-    )
-    .built_in()
-    .guarded()
-    .templates(OWNER),
+    WorkloadKind {
+        id: Kind::Pod,
+        group: "",
+        version: "v1",
+        kind: "Pod",
+        resource: "pods",
+        api_name: "v1 Pod",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: false,
+        guarded: true,
+        templates: PodTemplates::One("/spec"),
+    },
+    WorkloadKind {
+        id: Kind::ReplicationController,
+        group: "",
+        version: "v1",
+        kind: "ReplicationController",
+        resource: "replicationcontrollers",
+        api_name: "v1 ReplicationController",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: false,
+        guarded: true,
+        templates: OWNER,
+    },
     // Carries a pod template but runs nothing: neither mutated nor judged.
-    entry(
-        Kind::PodTemplate,
-        ("", "v1", "PodTemplate", "podtemplates"),
-        "v1 PodTemplate",
-        NAMESPACED,
-    )
-    .built_in()
-    .templates(PodTemplates::One("/template/spec")),
-    entry(
-        Kind::Deployment,
-        ("apps", "v1", "Deployment", "deployments"),
-        "apps/v1 Deployment",
-        NAMESPACED,
-    )
-    .built_in()
-    .guarded()
-    .templates(OWNER),
-    entry(
-        Kind::StatefulSet,
-        ("apps", "v1", "StatefulSet", "statefulsets"),
-        "apps/v1 StatefulSet",
-        NAMESPACED,
-    )
-    .built_in()
-    .guarded()
-    .templates(OWNER),
-    entry(
-        Kind::DaemonSet,
-        ("apps", "v1", "DaemonSet", "daemonsets"),
-        "apps/v1 DaemonSet",
-        NAMESPACED,
-    )
-    .built_in()
-    .guarded()
-    .templates(OWNER),
-    entry(
-        Kind::ReplicaSet,
-        ("apps", "v1", "ReplicaSet", "replicasets"),
-        "apps/v1 ReplicaSet",
-        NAMESPACED,
-    )
-    .built_in()
-    .guarded()
-    .templates(OWNER),
-    entry(
-        Kind::Job,
-        ("batch", "v1", "Job", "jobs"),
-        "batch/v1 Job",
-        NAMESPACED,
-    )
-    .built_in()
-    .mutated()
-    .guarded()
-    .templates(OWNER),
+    WorkloadKind {
+        id: Kind::PodTemplate,
+        group: "",
+        version: "v1",
+        kind: "PodTemplate",
+        resource: "podtemplates",
+        api_name: "v1 PodTemplate",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: false,
+        guarded: false,
+        templates: PodTemplates::One("/template/spec"),
+    },
+    WorkloadKind {
+        id: Kind::Deployment,
+        group: "apps",
+        version: "v1",
+        kind: "Deployment",
+        resource: "deployments",
+        api_name: "apps/v1 Deployment",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: false,
+        guarded: true,
+        templates: OWNER,
+    },
+    WorkloadKind {
+        id: Kind::StatefulSet,
+        group: "apps",
+        version: "v1",
+        kind: "StatefulSet",
+        resource: "statefulsets",
+        api_name: "apps/v1 StatefulSet",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: false,
+        guarded: true,
+        templates: OWNER,
+    },
+    WorkloadKind {
+        id: Kind::DaemonSet,
+        group: "apps",
+        version: "v1",
+        kind: "DaemonSet",
+        resource: "daemonsets",
+        api_name: "apps/v1 DaemonSet",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: false,
+        guarded: true,
+        templates: OWNER,
+    },
+    WorkloadKind {
+        id: Kind::ReplicaSet,
+        group: "apps",
+        version: "v1",
+        kind: "ReplicaSet",
+        resource: "replicasets",
+        api_name: "apps/v1 ReplicaSet",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: false,
+        guarded: true,
+        templates: OWNER,
+    },
+    WorkloadKind {
+        id: Kind::Job,
+        group: "batch",
+        version: "v1",
+        kind: "Job",
+        resource: "jobs",
+        api_name: "batch/v1 Job",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: true,
+        guarded: true,
+        templates: OWNER,
+    },
     // Mutated in its `jobTemplate`, so the protection is visible on the CronJob.
-    entry(
-        Kind::CronJob,
-        ("batch", "v1", "CronJob", "cronjobs"),
-        "batch/v1 CronJob",
-        NAMESPACED,
-    )
-    .built_in()
-    .mutated()
-    .guarded()
-    .templates(PodTemplates::One("/spec/jobTemplate/spec/template/spec")),
-    entry(
-        Kind::JobSet,
-        ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
-        "jobset.x-k8s.io/v1alpha2 JobSet",
-        NAMESPACED,
-    )
-    .mutated()
-    .guarded()
-    .templates(PodTemplates::PerReplicatedJob("/spec")),
+    WorkloadKind {
+        id: Kind::CronJob,
+        group: "batch",
+        version: "v1",
+        kind: "CronJob",
+        resource: "cronjobs",
+        api_name: "batch/v1 CronJob",
+        scope: Scope::Namespaced,
+        built_in: true,
+        mutated: true,
+        guarded: true,
+        templates: PodTemplates::One("/spec/jobTemplate/spec/template/spec"),
+    },
+    WorkloadKind {
+        id: Kind::JobSet,
+        group: "jobset.x-k8s.io",
+        version: "v1alpha2",
+        kind: "JobSet",
+        resource: "jobsets",
+        api_name: "jobset.x-k8s.io/v1alpha2 JobSet",
+        scope: Scope::Namespaced,
+        built_in: false,
+        mutated: true,
+        guarded: true,
+        templates: PodTemplates::PerReplicatedJob("/spec"),
+    },
     // A runtime's JobSet template is the template of every TrainJob that names it.
-    entry(
-        Kind::TrainingRuntime,
-        (
-            "trainer.kubeflow.org",
-            "v1alpha1",
-            "TrainingRuntime",
-            "trainingruntimes",
-        ),
-        "trainer.kubeflow.org/v1alpha1 TrainingRuntime",
-        NAMESPACED,
-    )
-    .mutated()
-    .guarded()
-    .templates(RUNTIME),
-    entry(
-        Kind::ClusterTrainingRuntime,
-        (
-            "trainer.kubeflow.org",
-            "v1alpha1",
-            "ClusterTrainingRuntime",
-            "clustertrainingruntimes",
-        ),
-        "trainer.kubeflow.org/v1alpha1 ClusterTrainingRuntime",
-        Scope::Cluster,
-    )
-    .mutated()
-    .guarded()
-    .templates(RUNTIME),
+    WorkloadKind {
+        id: Kind::TrainingRuntime,
+        group: "trainer.kubeflow.org",
+        version: "v1alpha1",
+        kind: "TrainingRuntime",
+        resource: "trainingruntimes",
+        api_name: "trainer.kubeflow.org/v1alpha1 TrainingRuntime",
+        scope: Scope::Namespaced,
+        built_in: false,
+        mutated: true,
+        guarded: true,
+        templates: RUNTIME,
+    },
+    WorkloadKind {
+        id: Kind::ClusterTrainingRuntime,
+        group: "trainer.kubeflow.org",
+        version: "v1alpha1",
+        kind: "ClusterTrainingRuntime",
+        resource: "clustertrainingruntimes",
+        api_name: "trainer.kubeflow.org/v1alpha1 ClusterTrainingRuntime",
+        scope: Scope::Cluster,
+        built_in: false,
+        mutated: true,
+        guarded: true,
+        templates: RUNTIME,
+    },
     // Protected through the runtime it names (`crate::mutate::other_kinds`), not by itself.
-    entry(
-        Kind::TrainJob,
-        ("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs"),
-        "trainer.kubeflow.org/v1alpha1 TrainJob",
-        NAMESPACED,
-    ),
+    WorkloadKind {
+        id: Kind::TrainJob,
+        group: "trainer.kubeflow.org",
+        version: "v1alpha1",
+        kind: "TrainJob",
+        resource: "trainjobs",
+        api_name: "trainer.kubeflow.org/v1alpha1 TrainJob",
+        scope: Scope::Namespaced,
+        built_in: false,
+        mutated: false,
+        guarded: false,
+        templates: PodTemplates::None,
+    },
 ];
 
 impl Kind {

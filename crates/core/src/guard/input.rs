@@ -82,10 +82,10 @@ impl GuardedKind {
     }
 
     /// The namespace whose mode and exemptions apply to an object of this kind in `namespace`.
-    /// A cluster-scoped kind (a ClusterTrainingRuntime): its pods run in the namespace of each TrainJob
-    /// that references it, unknown at admission, so none applies: the guard's default mode, and
-    /// no namespace exemption (a namespace's Warn or exemption must not open a runtime that
-    /// every namespace can use).
+    /// None for a cluster-scoped kind (a ClusterTrainingRuntime): its pods run in the namespace
+    /// of each TrainJob that references it, unknown at admission, so the guard's default mode
+    /// applies, and no namespace exemption (a namespace's Warn or exemption must not open a
+    /// runtime that every namespace can use).
     pub fn policy_namespace(self, namespace: &str) -> &str {
         match self.info().scope {
             Scope::Cluster => "",
@@ -132,7 +132,7 @@ pub struct DecodeError {
 impl Workload {
     /// Decodes the parts the guard reads from an object of `kind` in JSON. The pod specs are
     /// where the kind registry says ([`WorkloadKind::templates`]); each shape has its own
-    /// decoder, which the registry's test holds to the same places.
+    /// decoder, and a test below holds each guarded kind's decoder to the registry's places.
     pub fn from_json(kind: GuardedKind, json: &str) -> Result<Self, DecodeError> {
         let decoded = match kind.info().templates {
             PodTemplates::One("/spec") => decode::from_json_str::<PodObject>(json)

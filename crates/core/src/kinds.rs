@@ -10,7 +10,8 @@
 
 use serde_json::Value;
 
-/// A kind of [`KINDS`], to match on. Its facts are [`Kind::info`].
+/// A kind of [`KINDS`], to match on. Its facts are [`Kind::info`]: each variant has its row in
+/// [`KINDS`], in this order (checked when compiling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     Pod,
@@ -272,6 +273,18 @@ pub const KINDS: [WorkloadKind; 13] = [
     },
 ];
 
+// Each row of KINDS is at the index of its `id`, so `Kind::info` can index the table.
+const _: () = {
+    let mut index = 0;
+    while index < KINDS.len() {
+        assert!(
+            KINDS[index].id as usize == index,
+            "KINDS is not in the order of Kind"
+        );
+        index += 1;
+    }
+};
+
 impl Kind {
     /// Its entry in [`KINDS`].
     pub fn info(self) -> &'static WorkloadKind {
@@ -375,8 +388,7 @@ mod tests {
 
     #[test]
     fn each_kind_is_its_own_entry_once() {
-        for (index, known) in KINDS.iter().enumerate() {
-            assert_eq!(known.id as usize, index, "{} is out of order", known.kind);
+        for known in &KINDS {
             assert_eq!(known.id.info(), known);
             assert_eq!(
                 find(known.group, known.version, known.kind),

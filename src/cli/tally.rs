@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use gpu_guard_core::kinds::{self, PodTemplates};
+
 /// Objects counted by outcome (`mutated`, `not handled`, ...) and kind.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -108,18 +110,14 @@ pub fn carries_pod_template(value: &Value) -> bool {
     false
 }
 
-/// The long-running workload kinds of Kubernetes itself: they carry pod templates, but a
-/// podFailurePolicy is a Job's, so `mutate` leaves them alone by design (the guard judges them).
+/// The workload kinds of Kubernetes itself other than Job and CronJob (the kind registry's
+/// built-in kinds with pod templates that it does not mark mutated): they carry pod templates,
+/// but a podFailurePolicy is a Job's, so `mutate` leaves them alone by design (the guard judges
+/// them).
 pub fn is_core_workload(value: &Value) -> bool {
-    let api_version = value.get("apiVersion").and_then(Value::as_str);
-    matches!(
-        (api_version, kind_of(value)),
-        (Some("v1"), "Pod" | "ReplicationController" | "PodTemplate")
-            | (
-                Some("apps/v1"),
-                "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet"
-            )
-    )
+    kinds::of(value).is_some_and(|known| {
+        known.built_in && !known.mutated && known.templates != PodTemplates::None
+    })
 }
 
 /// `kubeflow.org/v1 PyTorchJob`.
@@ -148,6 +146,22 @@ mod tests {
         assert!(!carries_pod_template(&config));
         let service = json!({"kind": "Service", "spec": {"ports": [{"port": 80}]}});
         assert!(!carries_pod_template(&service));
+    }
+
+    #[test]
+    fn kubernetes_own_workloads_are_left_alone_by_design() {
+        for (api_version, kind, core) in [
+            ("v1", "Pod", true),
+            ("v1", "PodTemplate", true),
+            ("apps/v1", "StatefulSet", true),
+            ("batch/v1", "Job", false),
+            ("apps/v1beta1", "Deployment", false),
+            ("kubeflow.org/v1", "PyTorchJob", false),
+            ("jobset.x-k8s.io/v1alpha2", "JobSet", false),
+        ] {
+            let object = json!({"apiVersion": api_version, "kind": kind});
+            assert_eq!(is_core_workload(&object), core, "{api_version} {kind}");
+        }
     }
 
     #[test]

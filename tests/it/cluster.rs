@@ -113,6 +113,26 @@ async fn synced_cache() -> (Fake, ClusterCache) {
 // Tests
 
 #[tokio::test]
+async fn every_call_of_the_caches_is_allowed_by_their_rbac_rules() {
+    let (fake, cache) = synced_cache().await;
+    let requests = fake.requests();
+    // Lists and watches of each cache: PriorityClasses, Nodes and the DRA kinds.
+    assert!(
+        requests.len() >= 2 * cluster::RBAC_RULES.len(),
+        "{requests:?}"
+    );
+    for request in &requests {
+        assert!(
+            crate::controller::allowed_by(request, &cluster::RBAC_RULES),
+            "{} {} is not in cluster::RBAC_RULES",
+            request.method,
+            request.path
+        );
+    }
+    drop(cache);
+}
+
+#[tokio::test]
 async fn synced_only_after_both_lists_then_answers_from_the_cache() {
     let fake = Fake::start().await;
     fake.set(CLASSES, priority_class("batch", 500, false));

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use gpu_guard_controller::run::{self, ControllerOptions, LeaderElection};
 use gpu_guard_controller::{LEASE_RULES, RBAC_RULES};
+use gpu_guard_runtime::cluster::RbacRule;
 use hyper::Method;
 use serde_json::json;
 use support::controller::{
@@ -21,7 +22,7 @@ use support::fake_api::{DAEMONSETS, Fake, Logged, NAMESPACES, NODES, PODS};
 use support::{DEADLINE, eventually};
 
 /// The RBAC `(group, resource, verb)` a request needs.
-fn rbac_need(request: &Logged) -> (String, String, &'static str) {
+pub(crate) fn rbac_need(request: &Logged) -> (String, String, &'static str) {
     let path = request.path.trim_start_matches('/');
     let (group, rest) = if let Some(rest) = path.strip_prefix("api/v1/") {
         ("", rest)
@@ -57,6 +58,15 @@ fn rbac_need(request: &Logged) -> (String, String, &'static str) {
     (group.to_owned(), resource, verb)
 }
 
+/// Whether one of `rules` allows the request.
+pub(crate) fn allowed_by(request: &Logged, rules: &[RbacRule]) -> bool {
+    let (group, resource, verb) = rbac_need(request);
+    let name = named_object(request);
+    rules
+        .iter()
+        .any(|rule| rule.allows(&group, &resource, verb, name))
+}
+
 /// The name of the object a request names (`…/leases/<name>`), if any.
 fn named_object(request: &Logged) -> Option<&str> {
     let path = request.path.trim_start_matches('/');
@@ -77,17 +87,9 @@ fn assert_rbac_allows(requests: &[Logged]) {
     assert!(!requests.is_empty());
     for request in requests {
         let (group, resource, verb) = rbac_need(request);
-        let cluster_wide = RBAC_RULES
-            .iter()
-            .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb));
-        let in_namespace = request.path.contains("/namespaces/gpu-guard/")
-            && LEASE_RULES.iter().any(|(g, r, verbs, names)| {
-                *g == group
-                    && *r == resource
-                    && verbs.contains(&verb)
-                    && (names.is_empty()
-                        || named_object(request).is_some_and(|name| names.contains(&name)))
-            });
+        let cluster_wide = allowed_by(request, &RBAC_RULES);
+        let in_namespace =
+            request.path.contains("/namespaces/gpu-guard/") && allowed_by(request, &LEASE_RULES);
         assert!(
             cluster_wide || in_namespace,
             "{verb} {group}/{resource} ({} {}) is not in controller::RBAC_RULES or LEASE_RULES",

@@ -70,9 +70,21 @@ const PER_COMMAND: &[(&str, &str, &[&str])] = &[
     // The arguments `-o json` is recognised by in a refused command line: mutate and check.
     ("src/cli/mod.rs", "output", &["mutate", "check"]),
     // `Unjudged::message` (check) and `Unjudged::webhook_message` (serve).
-    ("crates/core/src/guard/mod.rs", "priority-class", &["check"]),
-    ("crates/core/src/guard/mod.rs", "kubeconfig", &["check"]),
-    ("crates/core/src/guard/mod.rs", "no-cluster", &["serve"]),
+    (
+        "crates/core/src/guard/messages.rs",
+        "priority-class",
+        &["check"],
+    ),
+    (
+        "crates/core/src/guard/messages.rs",
+        "kubeconfig",
+        &["check"],
+    ),
+    (
+        "crates/core/src/guard/messages.rs",
+        "no-cluster",
+        &["serve"],
+    ),
     // The note printed without --container, by failure-policy only.
     (
         "src/cli/generate.rs",
@@ -81,16 +93,14 @@ const PER_COMMAND: &[(&str, &str, &[&str])] = &[
     ),
     // The container args of the generated Deployments, for `serve` and `controller` (which
     // tests/install.rs also parses).
-    ("src/install/mod.rs", "listen", &["serve"]),
-    (
-        "src/install/mod.rs",
-        "admin-listen",
-        &["serve", "controller"],
-    ),
-    ("src/install/mod.rs", "tls-cert-file", &["serve"]),
-    ("src/install/mod.rs", "tls-key-file", &["serve"]),
-    ("src/install/mod.rs", "log-format", &["serve", "controller"]),
-    ("src/install/mod.rs", "drain-delay-seconds", &["serve"]),
+    ("src/install/server.rs", "listen", &["serve"]),
+    ("src/install/server.rs", "admin-listen", &["serve"]),
+    ("src/install/server.rs", "tls-cert-file", &["serve"]),
+    ("src/install/server.rs", "tls-key-file", &["serve"]),
+    ("src/install/server.rs", "log-format", &["serve"]),
+    ("src/install/server.rs", "drain-delay-seconds", &["serve"]),
+    ("src/install/controller.rs", "admin-listen", &["controller"]),
+    ("src/install/controller.rs", "log-format", &["controller"]),
 ];
 
 /// Programs other than gpu-guard whose command lines a message may quote.

@@ -12,6 +12,7 @@ use gpu_guard::install::{self, Options};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown;
 use gpu_guard_manifest as manifest;
+use gpu_guard_runtime::cluster::RbacRule;
 use gpu_guard_webhook::server::{self, AppState};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -483,9 +484,14 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
             .unwrap();
         role.rules.clone().unwrap()
     };
-    let covers = |rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
-                  wanted: &[(&str, &str, &[&str])]| {
-        for (group, resource, verbs) in wanted {
+    let covers = |rules: &[k8s_openapi::api::rbac::v1::PolicyRule], wanted: &[RbacRule]| {
+        for RbacRule {
+            group,
+            resource,
+            verbs,
+            ..
+        } in wanted
+        {
             assert!(
                 rules.iter().any(|rule| rule
                     .api_groups

@@ -9,6 +9,8 @@
 //! Only one replica acts at a time: the holder of a `coordination.k8s.io/v1` Lease
 //! ([`lease`]). The others keep their caches warm and are ready, but change nothing.
 
+use gpu_guard_runtime::cluster::{READ, RbacRule};
+
 pub mod lease;
 pub mod metrics;
 
@@ -33,7 +35,7 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 }
 
 /// What the controller reads and writes, as RBAC rules of its ClusterRole:
-/// `(API group, resource, verbs)`, in the shape of [`gpu_guard_runtime::cluster::RBAC_RULES`]. Why each:
+/// the same [`RbacRule`] shape as [`gpu_guard_runtime::cluster::RBAC_RULES`]. Why each:
 /// - nodes get/list/watch/patch: judge nodes; add and remove the taint (a merge patch);
 /// - pods get/list/watch: find pods hit by a device failure;
 /// - pods/status patch: add the `gpu-guard.io/DeviceFailure` condition;
@@ -50,33 +52,17 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// Nothing on leases: those rights are [`LEASE_RULES`], in a Role of the controller's
 /// namespace. `tests/it/controller.rs` checks that every call the controller makes is allowed by
 /// these two.
-pub const RBAC_RULES: [(&str, &str, &[&str]); 9] = [
-    ("", "nodes", &["get", "list", "watch", "patch"]),
-    ("", "pods", &["get", "list", "watch"]),
-    ("", "pods/status", &["patch"]),
-    ("", "pods/eviction", &["create"]),
-    ("", "namespaces", &["get", "list", "watch"]),
-    (
-        "resource.k8s.io",
-        "resourceslices",
-        &["get", "list", "watch"],
-    ),
-    (
-        "resource.k8s.io",
-        "resourceclaims",
-        &["get", "list", "watch"],
-    ),
-    ("apps", "daemonsets", &["list"]),
-    ("events.k8s.io", "events", &["create", "patch"]),
+pub const RBAC_RULES: [RbacRule; 9] = [
+    RbacRule::new("", "nodes", &["get", "list", "watch", "patch"]),
+    RbacRule::new("", "pods", READ),
+    RbacRule::new("", "pods/status", &["patch"]),
+    RbacRule::new("", "pods/eviction", &["create"]),
+    RbacRule::new("", "namespaces", READ),
+    RbacRule::new("resource.k8s.io", "resourceslices", READ),
+    RbacRule::new("resource.k8s.io", "resourceclaims", READ),
+    RbacRule::new("apps", "daemonsets", &["list"]),
+    RbacRule::new("events.k8s.io", "events", &["create", "patch"]),
 ];
-
-/// One rule of the controller's namespaced Role: `(API group, resource, verbs, resourceNames)`.
-pub type NamedRule = (
-    &'static str,
-    &'static str,
-    &'static [&'static str],
-    &'static [&'static str],
-);
 
 /// The leader-election rights, in a Role of the controller's namespace (not the ClusterRole:
 /// `update` on every Lease of the cluster would reach the kube-controller-manager's and
@@ -86,14 +72,10 @@ pub type NamedRule = (
 /// authorized; Kubernetes RBAC documentation, "Referring to resources"), so the first replica
 /// can create the Lease. The Lease name is the default one ([`gpu_guard_core::wellknown::LEASE_NAME`]):
 /// a controller run with another `--lease-name` needs its Role changed to match.
-pub const LEASE_RULES: [NamedRule; 2] = [
-    (
-        "coordination.k8s.io",
-        "leases",
-        &["get", "update"],
-        &[gpu_guard_core::wellknown::LEASE_NAME],
-    ),
-    ("coordination.k8s.io", "leases", &["create"], &[]),
+pub const LEASE_RULES: [RbacRule; 2] = [
+    RbacRule::new("coordination.k8s.io", "leases", &["get", "update"])
+        .named(&[gpu_guard_core::wellknown::LEASE_NAME]),
+    RbacRule::new("coordination.k8s.io", "leases", &["create"]),
 ];
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! | module | what it owns |
 //! |---|---|
 //! | [`wellknown`], [`field`], [`decode`] | every `gpu-guard.io/*` name; `FieldPath` and `Violation`; decoding errors in words |
+//! | [`kinds`] | every workload kind gpu-guard knows: API group, version, resource, mutated or judged, where its pod templates are |
 //! | [`api_rules`] | the API server's (and JobSet's webhook's) validation of what gpu-guard writes |
 //! | [`policy`] | the policy file: types, defaults, loading, validation, the device rule |
 //! | [`mutate`] | the mutation engine and the JSON Patch derived from its result |
@@ -18,6 +19,7 @@ pub mod wellknown;
 
 pub mod decode;
 pub mod field;
+pub mod kinds;
 
 pub mod api_rules;
 

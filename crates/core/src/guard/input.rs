@@ -8,9 +8,11 @@ use serde::Deserialize;
 
 use crate::decode::{self, JsonError};
 use crate::field::FieldPath;
+use crate::kinds::{self, Kind, PodTemplates, Scope, WorkloadKind};
 
 /// The kinds the guard judges: Pods and every pod-template owner, JobSets and Kubeflow Trainer
-/// runtimes (one pod template per replicatedJob) included.
+/// runtimes (one pod template per replicatedJob) included; those [`WorkloadKind::guarded`] in
+/// the kind registry, whose facts [`GuardedKind::info`] gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GuardedKind {
     Pod,
@@ -29,55 +31,65 @@ pub enum GuardedKind {
 impl GuardedKind {
     /// The kind for an API group, version and kind, if the guard judges it.
     pub fn from_gvk(group: &str, version: &str, kind: &str) -> Option<Self> {
-        Some(match (group, version, kind) {
-            ("", "v1", "Pod") => Self::Pod,
-            ("", "v1", "ReplicationController") => Self::ReplicationController,
-            ("apps", "v1", "Deployment") => Self::Deployment,
-            ("apps", "v1", "StatefulSet") => Self::StatefulSet,
-            ("apps", "v1", "DaemonSet") => Self::DaemonSet,
-            ("apps", "v1", "ReplicaSet") => Self::ReplicaSet,
-            ("batch", "v1", "Job") => Self::Job,
-            ("batch", "v1", "CronJob") => Self::CronJob,
-            ("jobset.x-k8s.io", "v1alpha2", "JobSet") => Self::JobSet,
-            ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime") => Self::TrainingRuntime,
-            ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime") => {
-                Self::ClusterTrainingRuntime
-            }
-            _ => return None,
-        })
+        kinds::find(group, version, kind).and_then(|known| Self::of(known.id))
     }
 
     /// The kind for a manifest's `apiVersion` and `kind`.
     pub fn from_api_version(api_version: &str, kind: &str) -> Option<Self> {
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let (group, version) = kinds::split_api_version(api_version);
         Self::from_gvk(group, version, kind)
     }
 
-    pub fn as_str(self) -> &'static str {
+    /// The guarded kind of a registry kind, if [`WorkloadKind::guarded`].
+    fn of(kind: Kind) -> Option<Self> {
+        let guarded = match kind {
+            Kind::Pod => Self::Pod,
+            Kind::Deployment => Self::Deployment,
+            Kind::StatefulSet => Self::StatefulSet,
+            Kind::DaemonSet => Self::DaemonSet,
+            Kind::ReplicaSet => Self::ReplicaSet,
+            Kind::ReplicationController => Self::ReplicationController,
+            Kind::Job => Self::Job,
+            Kind::CronJob => Self::CronJob,
+            Kind::JobSet => Self::JobSet,
+            Kind::TrainingRuntime => Self::TrainingRuntime,
+            Kind::ClusterTrainingRuntime => Self::ClusterTrainingRuntime,
+            Kind::PodTemplate | Kind::TrainJob => return None,
+        };
+        kind.info().guarded.then_some(guarded)
+    }
+
+    /// Its entry in the kind registry.
+    pub fn info(self) -> &'static WorkloadKind {
         match self {
-            Self::Pod => "Pod",
-            Self::Deployment => "Deployment",
-            Self::StatefulSet => "StatefulSet",
-            Self::DaemonSet => "DaemonSet",
-            Self::ReplicaSet => "ReplicaSet",
-            Self::ReplicationController => "ReplicationController",
-            Self::Job => "Job",
-            Self::CronJob => "CronJob",
-            Self::JobSet => "JobSet",
-            Self::TrainingRuntime => "TrainingRuntime",
-            Self::ClusterTrainingRuntime => "ClusterTrainingRuntime",
+            Self::Pod => Kind::Pod,
+            Self::Deployment => Kind::Deployment,
+            Self::StatefulSet => Kind::StatefulSet,
+            Self::DaemonSet => Kind::DaemonSet,
+            Self::ReplicaSet => Kind::ReplicaSet,
+            Self::ReplicationController => Kind::ReplicationController,
+            Self::Job => Kind::Job,
+            Self::CronJob => Kind::CronJob,
+            Self::JobSet => Kind::JobSet,
+            Self::TrainingRuntime => Kind::TrainingRuntime,
+            Self::ClusterTrainingRuntime => Kind::ClusterTrainingRuntime,
         }
+        .info()
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.info().kind
     }
 
     /// The namespace whose mode and exemptions apply to an object of this kind in `namespace`.
-    /// A ClusterTrainingRuntime is cluster-scoped: its pods run in the namespace of each TrainJob
-    /// that references it, unknown at admission, so none applies: the guard's default mode, and
-    /// no namespace exemption (a namespace's Warn or exemption must not open a runtime that
-    /// every namespace can use).
+    /// None for a cluster-scoped kind (a ClusterTrainingRuntime): its pods run in the namespace
+    /// of each TrainJob that references it, unknown at admission, so the guard's default mode
+    /// applies, and no namespace exemption (a namespace's Warn or exemption must not open a
+    /// runtime that every namespace can use).
     pub fn policy_namespace(self, namespace: &str) -> &str {
-        match self {
-            Self::ClusterTrainingRuntime => "",
-            _ => namespace,
+        match self.info().scope {
+            Scope::Cluster => "",
+            Scope::Namespaced => namespace,
         }
     }
 
@@ -108,17 +120,6 @@ pub struct PodTemplateView {
     pub spec: PodSpecView,
 }
 
-impl PodTemplateView {
-    /// The only pod spec of a Pod or a single-template owner, at `path`.
-    fn single(path: &[&str], spec: PodSpecView) -> Vec<Self> {
-        vec![Self {
-            path: FieldPath::new(path.iter().copied()),
-            replicated_job: None,
-            spec,
-        }]
-    }
-}
-
 /// Why an object could not be decoded for the guard.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read the {kind}: {source}")]
@@ -129,52 +130,57 @@ pub struct DecodeError {
 }
 
 impl Workload {
-    /// Decodes the parts the guard reads from an object of `kind` in JSON.
+    /// Decodes the parts the guard reads from an object of `kind` in JSON. The pod specs are
+    /// where the kind registry says ([`WorkloadKind::templates`]); each shape has its own
+    /// decoder, and a test below holds each guarded kind's decoder to the registry's places.
     pub fn from_json(kind: GuardedKind, json: &str) -> Result<Self, DecodeError> {
-        let decoded = match kind {
-            GuardedKind::Pod => decode::from_json_str::<PodObject>(json).map(|pod| Self {
-                metadata: pod.metadata,
-                templates: PodTemplateView::single(&["spec"], pod.spec),
-            }),
-            GuardedKind::CronJob => decode::from_json_str::<CronJobObject>(json).map(|cron| Self {
-                metadata: cron.metadata,
-                templates: PodTemplateView::single(
-                    &["spec", "jobTemplate", "spec", "template", "spec"],
-                    cron.spec.job_template.spec.template.spec,
-                ),
-            }),
-            GuardedKind::JobSet => decode::from_json_str::<JobSetObject>(json).map(|jobset| Self {
-                metadata: jobset.metadata,
-                templates: jobset.spec.templates(FieldPath::new(["spec"])),
-            }),
-            // A runtime holds a whole JobSetSpec, the one the Trainer builds each TrainJob from.
-            GuardedKind::TrainingRuntime | GuardedKind::ClusterTrainingRuntime => {
-                decode::from_json_str::<RuntimeObject>(json).map(|runtime| Self {
-                    metadata: runtime.metadata,
-                    templates: runtime
-                        .spec
-                        .template
-                        .spec
-                        .templates(FieldPath::new(["spec", "template", "spec"])),
+        let decoded = match kind.info().templates {
+            PodTemplates::One("/spec") => decode::from_json_str::<PodObject>(json)
+                .map(|pod| Self::single(pod.metadata, "/spec", pod.spec)),
+            PodTemplates::One(path @ "/spec/jobTemplate/spec/template/spec") => {
+                decode::from_json_str::<CronJobObject>(json).map(|cron| {
+                    Self::single(
+                        cron.metadata,
+                        path,
+                        cron.spec.job_template.spec.template.spec,
+                    )
                 })
             }
-            GuardedKind::Deployment
-            | GuardedKind::StatefulSet
-            | GuardedKind::DaemonSet
-            | GuardedKind::ReplicaSet
-            | GuardedKind::ReplicationController
-            | GuardedKind::Job => decode::from_json_str::<TemplateOwner>(json).map(|owner| Self {
-                metadata: owner.metadata,
-                templates: PodTemplateView::single(
-                    &["spec", "template", "spec"],
-                    owner.spec.template.spec,
-                ),
+            PodTemplates::One(path) => decode::from_json_str::<TemplateOwner>(json)
+                .map(|owner| Self::single(owner.metadata, path, owner.spec.template.spec)),
+            PodTemplates::PerReplicatedJob("/spec") => decode::from_json_str::<JobSetObject>(json)
+                .map(|jobset| Self {
+                    metadata: jobset.metadata,
+                    templates: jobset.spec.templates(pointer_path("/spec")),
+                }),
+            // A runtime holds a whole JobSetSpec, the one the Trainer builds each TrainJob from.
+            PodTemplates::PerReplicatedJob(path) => decode::from_json_str::<RuntimeObject>(json)
+                .map(|runtime| Self {
+                    metadata: runtime.metadata,
+                    templates: runtime.spec.template.spec.templates(pointer_path(path)),
+                }),
+            // Nothing guarded is without pod templates (the registry's test).
+            PodTemplates::None => decode::from_json_str::<MetadataOnly>(json).map(|object| Self {
+                metadata: object.metadata,
+                templates: Vec::new(),
             }),
         };
         decoded.map_err(|source| DecodeError {
             kind: kind.as_str(),
             source,
         })
+    }
+
+    /// A workload with one pod spec, at the JSON pointer `path`.
+    fn single(metadata: Metadata, path: &str, spec: PodSpecView) -> Self {
+        Self {
+            metadata,
+            templates: vec![PodTemplateView {
+                path: pointer_path(path),
+                replicated_job: None,
+                spec,
+            }],
+        }
     }
 
     /// [`Workload::from_json`] from a decoded value (the CLI reads manifests into values).
@@ -186,6 +192,11 @@ impl Workload {
         // never sees them.
         Self::from_json(kind, &without_null_fields(value).to_string())
     }
+}
+
+/// The field path of a JSON pointer (`/spec/template/spec`: `spec.template.spec`).
+fn pointer_path(pointer: &str) -> FieldPath {
+    FieldPath::new(pointer.split('/').skip(1))
 }
 
 /// `value` without the fields whose value is `null`, at every depth (list items are kept).
@@ -311,6 +322,12 @@ struct PodObject {
 }
 
 #[derive(Deserialize)]
+struct MetadataOnly {
+    #[serde(default)]
+    metadata: Metadata,
+}
+
+#[derive(Deserialize)]
 struct TemplateOwner {
     #[serde(default)]
     metadata: Metadata,
@@ -422,6 +439,68 @@ struct JobSetTemplate {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// An object of `known` with one container `c` at each of its registry's pod spec places.
+    fn object_with_a_container(known: &WorkloadKind) -> (serde_json::Value, String) {
+        let pod_spec = json!({"containers": [{"name": "c"}]});
+        let (pointer, spec_path) = match known.templates {
+            PodTemplates::One(pointer) => (pointer.to_owned(), pointer_path(pointer)),
+            PodTemplates::PerReplicatedJob(pointer) => (
+                format!("{pointer}/replicatedJobs"),
+                pointer_path(pointer)
+                    .child("replicatedJobs")
+                    .index(0)
+                    .child("template")
+                    .child("spec")
+                    .child("template")
+                    .child("spec"),
+            ),
+            PodTemplates::None => panic!("{} has no pod templates", known.kind),
+        };
+        let mut object = json!({"metadata": {"name": "w"}});
+        let mut at = &mut object;
+        let steps: Vec<&str> = pointer.split('/').skip(1).collect();
+        for step in &steps {
+            at = &mut at[*step];
+        }
+        *at = match known.templates {
+            PodTemplates::PerReplicatedJob(_) => {
+                json!([{"name": "workers", "template": {"spec": {"template": {"spec": pod_spec}}}}])
+            }
+            _ => pod_spec,
+        };
+        (object, spec_path.to_string())
+    }
+
+    #[test]
+    fn every_guarded_kind_is_read_where_the_registry_puts_its_pod_templates() {
+        let guarded: Vec<_> = kinds::KINDS.iter().filter(|known| known.guarded).collect();
+        assert!(guarded.len() > 1);
+        for known in guarded {
+            let kind = GuardedKind::of(known.id).expect("a guarded kind");
+            assert_eq!(kind.info(), known);
+            assert_eq!(
+                GuardedKind::from_gvk(known.group, known.version, known.kind),
+                Some(kind)
+            );
+            let (object, spec_path) = object_with_a_container(known);
+            let workload = Workload::from_value(kind, &object).expect("decodes");
+            assert_eq!(workload.templates.len(), 1, "{}: {object}", known.kind);
+            let template = &workload.templates[0];
+            assert_eq!(template.path.to_string(), spec_path);
+            let containers = template.spec.containers.as_deref().unwrap_or_default();
+            assert_eq!(
+                containers.len(),
+                1,
+                "{}: the container is not read",
+                known.kind
+            );
+        }
+        // What the registry does not mark guarded is not a guarded kind.
+        for known in kinds::KINDS.iter().filter(|known| !known.guarded) {
+            assert_eq!(GuardedKind::of(known.id), None, "{}", known.kind);
+        }
+    }
 
     #[test]
     fn a_manifests_null_fields_read_as_absent() {

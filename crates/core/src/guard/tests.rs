@@ -1,7 +1,8 @@
 use serde_json::{Value, json};
 
+use super::targets::is_zero_quantity;
 use super::*;
-use crate::policy::{ExemptWorkload, GpuNodeLabel, OfflinePriorityClass, Policy};
+use crate::policy::{ExemptWorkload, GpuNodeLabel, Guard, GuardMode, OfflinePriorityClass, Policy};
 
 fn view() -> StaticView {
     let mut offline = Policy::default().guard.offline;

@@ -14,6 +14,7 @@ use super::{job_view, jobset_view};
 use crate::api_rules::jobset::JobSetSpec;
 use crate::decode::{self, JsonError};
 use crate::field::FieldPath;
+use crate::kinds::{self, Kind, PodTemplates, WorkloadKind};
 use crate::mutate::{
     ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
     mutate_owned_job, template_as_job,
@@ -21,59 +22,60 @@ use crate::mutate::{
 use crate::policy::{DraFacts, NoDraFacts, Policy};
 use crate::wellknown::MUTATED_ANNOTATION;
 
-/// The kinds the engine mutates.
+/// The kinds the engine mutates: those [`WorkloadKind::mutated`] in the kind registry, whose
+/// facts [`MutableKind::info`] gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MutableKind {
     Job,
     CronJob,
-    /// `jobset.x-k8s.io/v1alpha2` JobSet.
     JobSet,
-    /// `trainer.kubeflow.org/v1alpha1` TrainingRuntime (its `spec.template.spec` is a JobSet
-    /// spec, the template of every TrainJob that names it).
+    /// Its `spec.template.spec` is a JobSet spec, the template of every TrainJob that names it.
     TrainingRuntime,
-    /// `trainer.kubeflow.org/v1alpha1` ClusterTrainingRuntime.
     ClusterTrainingRuntime,
 }
 
 impl MutableKind {
     /// The kind for an API group, version and kind, if the engine mutates it.
     pub fn from_gvk(group: &str, version: &str, kind: &str) -> Option<Self> {
-        Some(match (group, version, kind) {
-            ("batch", "v1", "Job") => Self::Job,
-            ("batch", "v1", "CronJob") => Self::CronJob,
-            ("jobset.x-k8s.io", "v1alpha2", "JobSet") => Self::JobSet,
-            ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime") => Self::TrainingRuntime,
-            ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime") => {
-                Self::ClusterTrainingRuntime
-            }
+        let known = kinds::find(group, version, kind).filter(|known| known.mutated)?;
+        Some(match known.id {
+            Kind::Job => Self::Job,
+            Kind::CronJob => Self::CronJob,
+            Kind::JobSet => Self::JobSet,
+            Kind::TrainingRuntime => Self::TrainingRuntime,
+            Kind::ClusterTrainingRuntime => Self::ClusterTrainingRuntime,
             _ => return None,
         })
     }
 
     /// The kind of a raw object, when it is one the engine mutates.
     pub fn of(object: &Value) -> Option<Self> {
-        let api_version = object.get("apiVersion").and_then(Value::as_str)?;
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        Self::from_gvk(group, version, object.get("kind").and_then(Value::as_str)?)
+        let known = kinds::of(object)?;
+        Self::from_gvk(known.group, known.version, known.kind)
+    }
+
+    /// Its entry in the kind registry.
+    pub fn info(self) -> &'static WorkloadKind {
+        match self {
+            Self::Job => Kind::Job,
+            Self::CronJob => Kind::CronJob,
+            Self::JobSet => Kind::JobSet,
+            Self::TrainingRuntime => Kind::TrainingRuntime,
+            Self::ClusterTrainingRuntime => Kind::ClusterTrainingRuntime,
+        }
+        .info()
     }
 
     /// The kind with its API group and version, for messages (`batch/v1 Job`).
     pub fn api_name(self) -> &'static str {
-        match self {
-            Self::Job => "batch/v1 Job",
-            Self::CronJob => "batch/v1 CronJob",
-            Self::JobSet => "jobset.x-k8s.io/v1alpha2 JobSet",
-            Self::TrainingRuntime => "trainer.kubeflow.org/v1alpha1 TrainingRuntime",
-            Self::ClusterTrainingRuntime => "trainer.kubeflow.org/v1alpha1 ClusterTrainingRuntime",
-        }
+        self.info().api_name
     }
 
     /// Where the JobSet spec is in an object of a JobSet kind (`None` for Jobs and CronJobs).
     pub fn jobset_spec_root(self) -> Option<&'static str> {
-        match self {
-            Self::JobSet => Some("/spec"),
-            Self::TrainingRuntime | Self::ClusterTrainingRuntime => Some("/spec/template/spec"),
-            Self::Job | Self::CronJob => None,
+        match self.info().templates {
+            PodTemplates::PerReplicatedJob(root) => Some(root),
+            PodTemplates::One(_) | PodTemplates::None => None,
         }
     }
 }

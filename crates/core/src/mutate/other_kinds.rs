@@ -8,74 +8,18 @@
 //!
 //! A Kubeflow Trainer `TrainJob` is protected, but not by itself: Trainer builds a JobSet from the
 //! runtime it names, and gpu-guard mutates that runtime and that JobSet.
+//!
+//! The kinds themselves, with what protects their pods, are listed in [`crate::kinds`].
 
 use serde_json::Value;
 
-/// A kind gpu-guard knows of but does not mutate, and why.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OtherKind {
-    /// The API group (any version of it).
-    pub group: &'static str,
-    /// Its kinds in that group.
-    pub kinds: &'static [&'static str],
-    /// What its operator creates, and so what protects its pods from device failures.
-    pub why: &'static str,
-}
+use crate::kinds::{self, Kind, OPERATOR_KINDS, OperatorKind};
 
-/// The kinds named, with what their operators create (read from each project's controller).
-pub const OTHER_KINDS: &[OtherKind] = &[
-    OtherKind {
-        group: "kubeflow.org",
-        kinds: &["MPIJob"],
-        why: "the MPI Operator runs the workers as bare Pods, which have no podFailurePolicy, \
-              and the launcher as a batch/v1 Job (mpi-operator v0.3+), which gpu-guard's Job \
-              webhook mutates only when it requests a device: a device failure on a worker \
-              fails the launcher's mpirun and counts against runPolicy.backoffLimit; run \
-              it as a JobSet or a Kubeflow TrainJob to have it protected",
-    },
-    OtherKind {
-        group: "kubeflow.org",
-        kinds: &["PyTorchJob"],
-        // Retried codes: kubeflow/training-operator `pkg/util/train/train_util.go`.
-        why: "the Kubeflow Training Operator (v1) creates bare Pods, which have no \
-              podFailurePolicy; its restartPolicy ExitCode retries only exit codes 130, 137, \
-              138 and 143, so the device codes 74 and 75 fail the job; run it as a \
-              Kubeflow Trainer v2 TrainJob to have it protected",
-    },
-    OtherKind {
-        group: "kubeflow.org",
-        kinds: &["TFJob", "XGBoostJob", "PaddleJob", "JAXJob"],
-        why: "the Kubeflow Training Operator (v1) creates bare Pods, which have no \
-              podFailurePolicy",
-    },
-    OtherKind {
-        group: "leaderworkerset.x-k8s.io",
-        kinds: &["LeaderWorkerSet"],
-        why: "LeaderWorkerSet runs each group as StatefulSets, whose pods are restarted in \
-              place (or the group recreated) with no podFailurePolicy; gpu-guard's node \
-              controller still taints degraded nodes so that recreated pods land elsewhere",
-    },
-    OtherKind {
-        group: "batch.volcano.sh",
-        kinds: &["Job"],
-        why: "the Volcano controller creates bare Pods and applies the Job's own \
-              policies (event PodFailed, action RestartJob, ...), not a podFailurePolicy",
-    },
-    OtherKind {
-        group: "ray.io",
-        kinds: &["RayJob", "RayCluster"],
-        why: "KubeRay runs the Ray cluster as bare Pods (and a RayJob's submitter as a batch/v1 \
-              Job without a device); Ray retries failed tasks itself",
-    },
-];
-
-/// The API group of Kubeflow Trainer v2.
-pub const TRAINER_GROUP: &str = "trainer.kubeflow.org";
-
-/// The entry for an object's `apiVersion` and `kind`, if it is one of [`OTHER_KINDS`].
-pub fn other_kind(object: &Value) -> Option<&'static OtherKind> {
+/// The entry for an object's `apiVersion` and `kind`, if it is one of [`OPERATOR_KINDS`] (any
+/// version of the group).
+pub fn other_kind(object: &Value) -> Option<&'static OperatorKind> {
     let (group, kind) = group_and_kind(object)?;
-    OTHER_KINDS
+    OPERATOR_KINDS
         .iter()
         .find(|other| other.group == group && other.kinds.contains(&kind))
 }
@@ -85,7 +29,9 @@ pub fn other_kind(object: &Value) -> Option<&'static OtherKind> {
 /// `pkg/apis/trainer/v1alpha1/trainjob_types.go`, `RuntimeRef`).
 pub fn trainjob_runtime(object: &Value) -> Option<RuntimeRef> {
     let (group, kind) = group_and_kind(object)?;
-    if group != TRAINER_GROUP || kind != "TrainJob" {
+    // Any version of Trainer's group: the runtime reference has kept its shape.
+    let trainjob = Kind::TrainJob.info();
+    if group != trainjob.group || kind != trainjob.kind {
         return None;
     }
     let reference = object.pointer("/spec/runtimeRef");
@@ -135,10 +81,8 @@ impl RuntimeRef {
 }
 
 fn group_and_kind(object: &Value) -> Option<(&str, &str)> {
-    let api_version = object.get("apiVersion").and_then(Value::as_str)?;
-    let kind = object.get("kind").and_then(Value::as_str)?;
-    let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
-    Some((group, kind))
+    let (api_version, kind) = kinds::api_version_and_kind(object)?;
+    Some((kinds::split_api_version(api_version).0, kind))
 }
 
 #[cfg(test)]

@@ -16,30 +16,18 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::task::AbortHandle;
 
+use super::rbac::{READ, RbacRule};
 use super::reflector::{CacheStatus, Reflected, Watch};
 use gpu_guard_core::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
 use gpu_guard_core::policy::{ClaimDevices, DraFacts, Lookup};
 
-/// What the caches read, as RBAC rules: `(API group, resource, verbs)`. The installation's
-/// ClusterRole is generated from this ([`crate::install`]).
-pub const RBAC_RULES: [(&str, &str, &[&str]); 5] = [
-    (
-        "scheduling.k8s.io",
-        PRIORITY_CLASSES,
-        &["get", "list", "watch"],
-    ),
-    ("", NODES, &["get", "list", "watch"]),
-    (
-        "resource.k8s.io",
-        RESOURCE_CLAIM_TEMPLATES,
-        &["get", "list", "watch"],
-    ),
-    (
-        "resource.k8s.io",
-        RESOURCE_CLAIMS,
-        &["get", "list", "watch"],
-    ),
-    ("resource.k8s.io", DEVICE_CLASSES, &["get", "list", "watch"]),
+/// What the caches read, as RBAC rules. The installation's ClusterRole is generated from this.
+pub const RBAC_RULES: [RbacRule; 5] = [
+    RbacRule::new("scheduling.k8s.io", PRIORITY_CLASSES, READ),
+    RbacRule::new("", NODES, READ),
+    RbacRule::new("resource.k8s.io", RESOURCE_CLAIM_TEMPLATES, READ),
+    RbacRule::new("resource.k8s.io", RESOURCE_CLAIMS, READ),
+    RbacRule::new("resource.k8s.io", DEVICE_CLASSES, READ),
 ];
 
 /// The `resource` of the PriorityClass cache in [`CacheStatus`].

@@ -11,6 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::tls::CertificateMetrics;
+use gpu_guard_core::kinds;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -253,29 +254,16 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Bounds the `kind` label to the kinds gpu-guard handles.
+/// Bounds the `kind` label to the kinds gpu-guard handles (those the kind registry marks
+/// mutated or judged): `other` for the rest, `unknown` when a request names none.
 pub fn kind_label(kind: &str) -> &'static str {
-    const KNOWN: [&str; 12] = [
-        "Job",
-        "CronJob",
-        "Pod",
-        "Deployment",
-        "StatefulSet",
-        "DaemonSet",
-        "ReplicaSet",
-        "ReplicationController",
-        "JobSet",
-        "TrainingRuntime",
-        "ClusterTrainingRuntime",
-        "",
-    ];
-    KNOWN
+    if kind.is_empty() {
+        return "unknown";
+    }
+    kinds::KINDS
         .iter()
-        .find(|known| **known == kind)
-        .map_or(
-            "other",
-            |known| if known.is_empty() { "unknown" } else { known },
-        )
+        .find(|known| known.handled() && known.kind == kind)
+        .map_or("other", |known| known.kind)
 }
 
 /// Bounds the `operation` label.
@@ -302,6 +290,7 @@ mod tests {
             ("TrainingRuntime", "TrainingRuntime"),
             ("ClusterTrainingRuntime", "ClusterTrainingRuntime"),
             ("TrainJob", "other"),
+            ("PodTemplate", "other"),
             ("jobset", "other"),
             ("", "unknown"),
         ] {

@@ -25,7 +25,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::install;
 use gpu_guard_core::policy::{self, Policy, PolicyError};
 use gpu_guard_manifest::{self as manifest, Format};
-use gpu_guard_runtime::process::{self, LogColour, LogFormat, Stopped};
+use gpu_guard_runtime::cluster::{self, ClusterCache, ClusterError};
+use gpu_guard_runtime::process::{self, LogColour, LogFormat, ProcessError, Stopped};
 
 pub use certs::CertsArgs;
 pub use check::{CheckArgs, CheckFormat};
@@ -360,16 +361,16 @@ fn failure(stderr: String) -> Report {
     }
 }
 
-/// The report of a long-running command: exit 0 or 130 after a signal, 1 when it failed
-/// (the message was logged already, and is printed too).
-fn finished(result: Result<Stopped, String>) -> Report {
+/// The report of a long-running command: exit 0 or 130 after a signal, 1 when it failed to
+/// start (the error was logged already, and is printed too).
+fn finished(result: Result<Stopped, impl std::error::Error>) -> Report {
     match result {
         Ok(stopped) => Report {
             exit_code: stopped.exit_code(),
             ..Report::default()
         },
-        Err(message) => Report {
-            stderr: format!("error: {message}\n"),
+        Err(error) => Report {
+            stderr: format!("error: {error}\n"),
             exit_code: exit::FINDINGS,
             ..Report::default()
         },
@@ -422,35 +423,43 @@ impl ValueEnum for FailurePolicy {
     }
 }
 
+/// Why `mutate --kubeconfig` or `check --kubeconfig` could not read the cluster's facts.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClusterCacheError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(
+        "the PriorityClasses, Nodes and DRA objects of the cluster in {} were not listed \
+         within {} s (is the API server reachable, and may this user list \
+         priorityclasses, nodes, resourceclaimtemplates, resourceclaims and \
+         deviceclasses?)",
+        kubeconfig.display(),
+        timeout.as_secs()
+    )]
+    NotSynced {
+        kubeconfig: PathBuf,
+        timeout: Duration,
+    },
+}
+
 /// The cluster caches (PriorityClasses, Nodes, DRA objects) of the cluster `kubeconfig` names,
 /// listed within `timeout`, and the runtime that keeps them (it must live while they are read).
 pub(crate) fn cluster_cache(
     kubeconfig: &std::path::Path,
     timeout: Duration,
-) -> Result<
-    (
-        tokio::runtime::Runtime,
-        gpu_guard_runtime::cluster::ClusterCache,
-    ),
-    String,
-> {
+) -> Result<(tokio::runtime::Runtime, ClusterCache), ClusterCacheError> {
     let runtime = process::runtime(Some(1))?;
     let cache = runtime.block_on(async {
-        let client = gpu_guard_runtime::cluster::client(Some(kubeconfig))
-            .await
-            .map_err(|error| error.to_string())?;
-        let cache = gpu_guard_runtime::cluster::ClusterCache::start(client);
+        let cache = ClusterCache::start(cluster::client(Some(kubeconfig)).await?);
         if cache.wait_synced(timeout).await {
             Ok(cache)
         } else {
-            Err(format!(
-                "the PriorityClasses, Nodes and DRA objects of the cluster in {} were not listed \
-                 within {} s (is the API server reachable, and may this user list \
-                 priorityclasses, nodes, resourceclaimtemplates, resourceclaims and \
-                 deviceclasses?)",
-                kubeconfig.display(),
-                timeout.as_secs()
-            ))
+            Err(ClusterCacheError::NotSynced {
+                kubeconfig: kubeconfig.to_owned(),
+                timeout,
+            })
         }
     })?;
     Ok((runtime, cache))

@@ -185,7 +185,7 @@ pub mod exit {
 
 /// What a command prints and how the process exits.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     pub stdout: String,
     pub stderr: String,
     pub exit_code: i32,
@@ -219,17 +219,6 @@ impl<'a> Log<'a> {
     fn line(&mut self, prefix: &str, message: &str) {
         // stderr that cannot be written to has no one to tell.
         let _ = writeln!(self.out, "{prefix}{message}");
-    }
-}
-
-/// Runs a parsed command line, its output gathered into a [`Report`].
-pub fn run(cli: &Cli) -> Report {
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let exit_code = run_with(cli, &mut stdout, &mut stderr);
-    Report {
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-        exit_code,
     }
 }
 

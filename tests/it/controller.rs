@@ -575,8 +575,7 @@ async fn at_start_the_gpu_daemonsets_that_do_not_tolerate_the_taint_are_counted(
 
 #[test]
 fn the_command_fails_clearly_without_a_usable_kubeconfig() {
-    use clap::Parser;
-    let cli = gpu_guard::cli::Cli::parse_from([
+    let report = support::run_in_process([
         "gpu-guard",
         "controller",
         "--kubeconfig",
@@ -584,7 +583,6 @@ fn the_command_fails_clearly_without_a_usable_kubeconfig() {
         "--log-level",
         "off",
     ]);
-    let report = gpu_guard::cli::run(&cli);
     assert_eq!(report.exit_code, 1);
     assert!(
         report.stderr.contains("/nonexistent/kubeconfig") && report.stderr.contains("--kubeconfig"),

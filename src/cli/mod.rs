@@ -30,7 +30,7 @@ use gpu_guard_runtime::process::{self, LogColour, LogFormat, ProcessError, Stopp
 
 pub use certs::CertsArgs;
 pub use check::{CheckArgs, CheckFormat};
-pub use controller::{ControllerArgs, effective_policy};
+pub use controller::ControllerArgs;
 pub use generate::{FailurePolicyArgs, GenerateCommand, WebhookConfigArgs};
 pub use inputs::InputArgs;
 pub use mutate::MutateArgs;
@@ -192,7 +192,7 @@ pub(crate) struct Report {
 }
 
 /// Where a command's notes, warnings and errors go (stderr), each line as it happens.
-pub struct Log<'a> {
+pub(crate) struct Log<'a> {
     out: &'a mut dyn Write,
     /// How many errors were written.
     pub errors: usize,
@@ -334,7 +334,7 @@ fn failed_json(check: bool, message: &str) -> String {
 }
 
 /// Loads the policy the global flags name.
-pub fn load_policy(global: &GlobalArgs) -> Result<Policy, PolicyError> {
+fn load_policy(global: &GlobalArgs) -> Result<Policy, PolicyError> {
     match &global.policy {
         Some(path) => policy::load(path),
         None => Ok(Policy::embedded()),

@@ -93,14 +93,14 @@ impl AdminState {
 
 /// How old the last completed pass may be while leading before `/healthz` fails (so a
 /// reconcile loop that died or hangs gets the pod restarted): ten resyncs and a minute.
-pub fn pass_overdue_after(resync: Duration) -> Duration {
+fn pass_overdue_after(resync: Duration) -> Duration {
     resync
         .saturating_mul(10)
         .saturating_add(Duration::from_secs(60))
 }
 
 /// Whether a leader's last completed pass, at `last_pass`, is overdue at `now`.
-pub fn pass_overdue(last_pass: Option<Instant>, now: Instant, limit: Duration) -> bool {
+fn pass_overdue(last_pass: Option<Instant>, now: Instant, limit: Duration) -> bool {
     last_pass.is_some_and(|at| now.saturating_duration_since(at) > limit)
 }
 

@@ -290,6 +290,9 @@ async fn a_pod_is_marked_from_its_watch_event_while_a_node_write_hangs() {
             .any(|r| r.method == Method::PATCH && r.path == "/api/v1/nodes/gpu-1")
     };
     eventually("the taint patch of gpu-1 is sent (and held)", taint_sent).await;
+    // The fake sends a change only to the watches open then: wait for the pod watch, not only
+    // for its list.
+    eventually("the pod watch open", || fake.open_watches(PODS) > 0).await;
     let reported = Instant::now();
     fake.put(PODS, pod("ml", "train-0", "gpu-2", true, true));
     let marked = || {
@@ -343,6 +346,9 @@ async fn eight_pods_hit_at_once_are_marked_together_without_waiting_for_their_ev
         running.metrics.device_pods.get() == 8
     })
     .await;
+    // The fake sends a change only to the watches open then: wait for the pod watch, not only
+    // for its list.
+    eventually("the pod watch open", || fake.open_watches(PODS) > 0).await;
     {
         let mut state = fake.lock();
         state.status_delay = Some(Duration::from_millis(50));
@@ -437,6 +443,9 @@ async fn the_peers_of_a_gang_pod_are_marked_from_its_watch_event() {
         running.metrics.device_pods.get() == 5
     })
     .await;
+    // The fake sends a change only to the watches open then: wait for the pod watch, not only
+    // for its list.
+    eventually("the pod watch open", || fake.open_watches(PODS) > 0).await;
     let reported = Instant::now();
     fake.put(PODS, rank("train", 2, "gpu-2", true));
     let conditions = |name: &str| -> Vec<String> {

@@ -60,7 +60,7 @@ pub(super) fn run(args: &ControllerArgs, policy: Policy) -> Report {
 
 /// The policy with the command line's overrides: `--dry-run` turns dry run on (it never turns
 /// a policy's `dryRun: true` off).
-pub fn effective_policy(args: &ControllerArgs, mut policy: Policy) -> Policy {
+fn effective_policy(args: &ControllerArgs, mut policy: Policy) -> Policy {
     if args.dry_run {
         policy.controller.dry_run = true;
     }

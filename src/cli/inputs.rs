@@ -33,8 +33,17 @@ impl InputArgs {
     }
 }
 
+/// Why a `--max-document-bytes` value is refused (clap prints it after the flag and value).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum SizeError {
+    #[error("{0:?}: expected bytes, or a number with Ki, Mi or Gi")]
+    Unit(String),
+    #[error("{0:?}: expected a positive size, e.g. 16Mi")]
+    NotPositive(String),
+}
+
 /// `1048576`, `1024Ki`, `1Mi`, `1Gi`: a size in bytes, as Kubernetes writes binary quantities.
-fn parse_size(text: &str) -> Result<usize, String> {
+fn parse_size(text: &str) -> Result<usize, SizeError> {
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
         None => (text, ""),
@@ -44,18 +53,14 @@ fn parse_size(text: &str) -> Result<usize, String> {
         "Ki" => 10,
         "Mi" => 20,
         "Gi" => 30,
-        _ => {
-            return Err(format!(
-                "{text:?}: expected bytes, or a number with Ki, Mi or Gi"
-            ));
-        }
+        _ => return Err(SizeError::Unit(text.to_owned())),
     };
     digits
         .parse::<usize>()
         .ok()
         .and_then(|number| number.checked_mul(1 << shift))
         .filter(|bytes| *bytes > 0)
-        .ok_or_else(|| format!("{text:?}: expected a positive size, e.g. 16Mi"))
+        .ok_or_else(|| SizeError::NotPositive(text.to_owned()))
 }
 
 /// One input file (or stdin, spooled).

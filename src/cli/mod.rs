@@ -25,11 +25,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::install;
 use gpu_guard_core::policy::{self, Policy, PolicyError};
 use gpu_guard_manifest::{self as manifest, Format};
-use gpu_guard_runtime::process::{self, LogColour, LogFormat, Stopped};
+use gpu_guard_runtime::cluster::{self, ClusterCache, ClusterError};
+use gpu_guard_runtime::process::{self, LogColour, LogFormat, ProcessError, Stopped};
 
 pub use certs::CertsArgs;
 pub use check::{CheckArgs, CheckFormat};
-pub use controller::{ControllerArgs, effective_policy};
+pub use controller::ControllerArgs;
 pub use generate::{FailurePolicyArgs, GenerateCommand, WebhookConfigArgs};
 pub use inputs::InputArgs;
 pub use mutate::MutateArgs;
@@ -184,14 +185,14 @@ pub mod exit {
 
 /// What a command prints and how the process exits.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     pub stdout: String,
     pub stderr: String,
     pub exit_code: i32,
 }
 
 /// Where a command's notes, warnings and errors go (stderr), each line as it happens.
-pub struct Log<'a> {
+pub(crate) struct Log<'a> {
     out: &'a mut dyn Write,
     /// How many errors were written.
     pub errors: usize,
@@ -218,17 +219,6 @@ impl<'a> Log<'a> {
     fn line(&mut self, prefix: &str, message: &str) {
         // stderr that cannot be written to has no one to tell.
         let _ = writeln!(self.out, "{prefix}{message}");
-    }
-}
-
-/// Runs a parsed command line, its output gathered into a [`Report`].
-pub fn run(cli: &Cli) -> Report {
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let exit_code = run_with(cli, &mut stdout, &mut stderr);
-    Report {
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-        exit_code,
     }
 }
 
@@ -344,7 +334,7 @@ fn failed_json(check: bool, message: &str) -> String {
 }
 
 /// Loads the policy the global flags name.
-pub fn load_policy(global: &GlobalArgs) -> Result<Policy, PolicyError> {
+fn load_policy(global: &GlobalArgs) -> Result<Policy, PolicyError> {
     match &global.policy {
         Some(path) => policy::load(path),
         None => Ok(Policy::embedded()),
@@ -360,16 +350,16 @@ fn failure(stderr: String) -> Report {
     }
 }
 
-/// The report of a long-running command: exit 0 or 130 after a signal, 1 when it failed
-/// (the message was logged already, and is printed too).
-fn finished(result: Result<Stopped, String>) -> Report {
+/// The report of a long-running command: exit 0 or 130 after a signal, 1 when it failed to
+/// start (the error was logged already, and is printed too).
+fn finished(result: Result<Stopped, impl std::error::Error>) -> Report {
     match result {
         Ok(stopped) => Report {
             exit_code: stopped.exit_code(),
             ..Report::default()
         },
-        Err(message) => Report {
-            stderr: format!("error: {message}\n"),
+        Err(error) => Report {
+            stderr: format!("error: {error}\n"),
             exit_code: exit::FINDINGS,
             ..Report::default()
         },
@@ -422,35 +412,43 @@ impl ValueEnum for FailurePolicy {
     }
 }
 
+/// Why `mutate --kubeconfig` or `check --kubeconfig` could not read the cluster's facts.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClusterCacheError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(
+        "the PriorityClasses, Nodes and DRA objects of the cluster in {} were not listed \
+         within {} s (is the API server reachable, and may this user list \
+         priorityclasses, nodes, resourceclaimtemplates, resourceclaims and \
+         deviceclasses?)",
+        kubeconfig.display(),
+        timeout.as_secs()
+    )]
+    NotSynced {
+        kubeconfig: PathBuf,
+        timeout: Duration,
+    },
+}
+
 /// The cluster caches (PriorityClasses, Nodes, DRA objects) of the cluster `kubeconfig` names,
 /// listed within `timeout`, and the runtime that keeps them (it must live while they are read).
 pub(crate) fn cluster_cache(
     kubeconfig: &std::path::Path,
     timeout: Duration,
-) -> Result<
-    (
-        tokio::runtime::Runtime,
-        gpu_guard_runtime::cluster::ClusterCache,
-    ),
-    String,
-> {
+) -> Result<(tokio::runtime::Runtime, ClusterCache), ClusterCacheError> {
     let runtime = process::runtime(Some(1))?;
     let cache = runtime.block_on(async {
-        let client = gpu_guard_runtime::cluster::client(Some(kubeconfig))
-            .await
-            .map_err(|error| error.to_string())?;
-        let cache = gpu_guard_runtime::cluster::ClusterCache::start(client);
+        let cache = ClusterCache::start(cluster::client(Some(kubeconfig)).await?);
         if cache.wait_synced(timeout).await {
             Ok(cache)
         } else {
-            Err(format!(
-                "the PriorityClasses, Nodes and DRA objects of the cluster in {} were not listed \
-                 within {} s (is the API server reachable, and may this user list \
-                 priorityclasses, nodes, resourceclaimtemplates, resourceclaims and \
-                 deviceclasses?)",
-                kubeconfig.display(),
-                timeout.as_secs()
-            ))
+            Err(ClusterCacheError::NotSynced {
+                kubeconfig: kubeconfig.to_owned(),
+                timeout,
+            })
         }
     })?;
     Ok((runtime, cache))

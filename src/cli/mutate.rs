@@ -75,8 +75,8 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
             std::time::Duration::from_secs(args.sync_timeout_seconds),
         ) {
             Ok(cluster) => Some(cluster),
-            Err(message) => {
-                log.error(&message);
+            Err(error) => {
+                log.error(&error.to_string());
                 if !args.diff {
                     let _ = DocumentWriter::new(out, args.output).finish();
                 }

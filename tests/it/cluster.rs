@@ -602,7 +602,6 @@ fn kubeconfig_for(fake: &Fake, dir: &std::path::Path) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reads_classes_and_nodes_from_the_cluster() {
-    use clap::Parser as _;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = Fake::start().await;
     fake.set(CLASSES, priority_class("batch", 500, false));
@@ -638,11 +637,9 @@ async fn check_reads_classes_and_nodes_from_the_cluster() {
         manifest.display().to_string(),
     ];
     // `check` runs its own runtime: call it off this one.
-    let report = tokio::task::spawn_blocking(move || {
-        gpu_guard::cli::run(&gpu_guard::cli::Cli::parse_from(args))
-    })
-    .await
-    .expect("check ran");
+    let report = tokio::task::spawn_blocking(move || support::run_in_process(args))
+        .await
+        .expect("check ran");
     assert_eq!(report.exit_code, 1, "{}\n{}", report.stdout, report.stderr);
     let lines: Vec<&str> = report.stdout.lines().collect();
     assert!(
@@ -819,7 +816,6 @@ async fn until_the_dra_caches_sync_a_claim_is_not_known_and_the_cache_is_not_rea
 
 #[tokio::test]
 async fn mutate_resolves_claims_from_the_cluster_with_a_kubeconfig() {
-    use clap::Parser as _;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = Fake::start().await;
     fake.set(
@@ -844,9 +840,7 @@ async fn mutate_resolves_claims_from_the_cluster_with_a_kubeconfig() {
         }
         args.extend(["-f".to_owned(), manifest.display().to_string()]);
         // `mutate` runs its own runtime: call it off this one.
-        tokio::task::spawn_blocking(move || {
-            gpu_guard::cli::run(&gpu_guard::cli::Cli::parse_from(args))
-        })
+        tokio::task::spawn_blocking(move || support::run_in_process(args))
     };
     let report = run(true).await.expect("mutate ran");
     assert_eq!(report.exit_code, 0, "{}", report.stderr);

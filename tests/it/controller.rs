@@ -292,6 +292,9 @@ async fn a_pod_is_marked_from_its_watch_event_while_a_node_write_hangs() {
             .any(|r| r.method == Method::PATCH && r.path == "/api/v1/nodes/gpu-1")
     };
     eventually("the taint patch of gpu-1 is sent (and held)", taint_sent).await;
+    // The fake sends a change only to the watches open then: wait for the pod watch, not only
+    // for its list.
+    eventually("the pod watch open", || fake.open_watches(PODS) > 0).await;
     let reported = Instant::now();
     fake.put(PODS, pod("ml", "train-0", "gpu-2", true, true));
     let marked = || {
@@ -345,6 +348,9 @@ async fn eight_pods_hit_at_once_are_marked_together_without_waiting_for_their_ev
         running.metrics.device_pods.get() == 8
     })
     .await;
+    // The fake sends a change only to the watches open then: wait for the pod watch, not only
+    // for its list.
+    eventually("the pod watch open", || fake.open_watches(PODS) > 0).await;
     {
         let mut state = fake.lock();
         state.status_delay = Some(Duration::from_millis(50));
@@ -439,6 +445,9 @@ async fn the_peers_of_a_gang_pod_are_marked_from_its_watch_event() {
         running.metrics.device_pods.get() == 5
     })
     .await;
+    // The fake sends a change only to the watches open then: wait for the pod watch, not only
+    // for its list.
+    eventually("the pod watch open", || fake.open_watches(PODS) > 0).await;
     let reported = Instant::now();
     fake.put(PODS, rank("train", 2, "gpu-2", true));
     let conditions = |name: &str| -> Vec<String> {
@@ -577,8 +586,7 @@ async fn at_start_the_gpu_daemonsets_that_do_not_tolerate_the_taint_are_counted(
 
 #[test]
 fn the_command_fails_clearly_without_a_usable_kubeconfig() {
-    use clap::Parser;
-    let cli = gpu_guard::cli::Cli::parse_from([
+    let report = support::run_in_process([
         "gpu-guard",
         "controller",
         "--kubeconfig",
@@ -586,7 +594,6 @@ fn the_command_fails_clearly_without_a_usable_kubeconfig() {
         "--log-level",
         "off",
     ]);
-    let report = gpu_guard::cli::run(&cli);
     assert_eq!(report.exit_code, 1);
     assert!(
         report.stderr.contains("/nonexistent/kubeconfig") && report.stderr.contains("--kubeconfig"),

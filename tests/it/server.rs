@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use gpu_guard_core::guard::ClusterView;
 use gpu_guard_core::mutate::object::mutate_object;
 use gpu_guard_core::mutate::patch;
 use gpu_guard_core::policy::Policy;
@@ -478,8 +477,13 @@ async fn certificates_rotate_in_place_and_by_symlink_swap_and_a_broken_pair_is_i
     std::fs::write(version_b.join("tls.crt"), &third.cert_pem).unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(served_certificate_ca(&running, &all).await, Some(1));
-    let store = running.state.certificates.as_ref().unwrap();
-    assert!(store.reload_errors() >= 1);
+    let (_, metrics) = admin_get(&running, "/metrics").await;
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("gpu_guard_certificate_reload_errors_total "))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no reload error count in {metrics}"));
+    assert!(refused >= 1, "{metrics}");
 
     // Rewritten in place: the key arrives, the pair is whole again.
     std::fs::write(version_b.join("tls.key"), &third.key_pem).unwrap();
@@ -536,14 +540,14 @@ async fn draining_turns_readiness_false_and_lets_requests_through_until_the_dela
 }
 
 mod in_process {
-    //! The router without sockets, driven with `tower::ServiceExt::oneshot`.
+    //! The router without sockets, driven with `tower::ServiceExt::oneshot`. What a panic or an
+    //! internal error of the review becomes is a unit test of the routes
+    //! (`crates/webhook/src/server/routes.rs`): no request is known to cause either.
 
     use super::*;
     use axum::body::Body;
     use axum::http::Request;
     use gpu_guard_runtime::process::admin_router;
-    use gpu_guard_webhook::admission::{self, Webhook};
-    use gpu_guard_webhook::server::metrics::RequestLabels;
     use gpu_guard_webhook::server::{AppState, webhook_router};
     use tower::ServiceExt;
 
@@ -552,16 +556,6 @@ mod in_process {
             .header("content-type", "application/json")
             .body(Body::from(body))
             .unwrap()
-    }
-
-    fn panics_on_marker(
-        webhook: Webhook,
-        body: &[u8],
-        policy: &Policy,
-        view: &dyn ClusterView,
-    ) -> Result<admission::Reviewed, admission::ReviewError> {
-        assert!(body != b"{\"panic\": true}", "a bug in a handler");
-        admission::review(webhook, body, policy, view)
     }
 
     async fn metrics_text(state: &Arc<AppState>) -> String {
@@ -574,57 +568,6 @@ mod in_process {
             .await
             .unwrap();
         String::from_utf8(bytes.to_vec()).unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_panic_is_a_counted_500_and_the_next_request_is_served() {
-        let state = AppState::with_reviewer(Policy::embedded(), panics_on_marker);
-        let router = webhook_router(state.clone());
-        let response = router
-            .clone()
-            .oneshot(request("/mutate", b"{\"panic\": true}".to_vec()))
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 500);
-        assert_eq!(state.metrics.panics.get(), 1);
-
-        let job = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
-        let response = router.oneshot(request("/mutate", job)).await.unwrap();
-        assert_eq!(response.status().as_u16(), 200);
-        assert!(
-            metrics_text(&state)
-                .await
-                .contains("gpu_guard_handler_panics_total 1")
-        );
-    }
-
-    fn internal_error(
-        _: Webhook,
-        _: &[u8],
-        _: &Policy,
-        _: &dyn ClusterView,
-    ) -> Result<admission::Reviewed, admission::ReviewError> {
-        Err(admission::ReviewError::Internal(
-            "the computed patch does not apply".to_owned(),
-        ))
-    }
-
-    #[tokio::test]
-    async fn an_internal_error_is_a_500_so_the_failure_policy_applies() {
-        let state = AppState::with_reviewer(Policy::embedded(), internal_error);
-        let job = std::fs::read("tests/fixtures/admission/001-Job-CREATE-mutate.json").unwrap();
-        let response = webhook_router(state.clone())
-            .oneshot(request("/mutate", job))
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 500);
-        let count = state.metrics.requests_for(&RequestLabels {
-            webhook: "mutate",
-            kind: "unknown",
-            operation: "unknown",
-            outcome: "error",
-        });
-        assert_eq!(count, 1);
     }
 
     #[tokio::test]
@@ -650,23 +593,20 @@ mod in_process {
             .unwrap();
         assert_eq!(response.status().as_u16(), 400);
 
-        let count = |kind, operation, outcome| {
-            state.metrics.requests_for(&RequestLabels {
-                webhook: "mutate",
-                kind,
-                operation,
-                outcome,
-            })
-        };
-        assert_eq!(count("Job", "CREATE", "patched"), 2);
-        assert_eq!(count("Job", "UPDATE", "allowed"), 1);
-        assert_eq!(count("unknown", "unknown", "error"), 1);
         assert_eq!(state.metrics.patches.get(), 2);
         assert_eq!(state.metrics.in_flight.get(), 0);
         let text = metrics_text(&state).await;
-        assert!(text.contains(
-            r#"gpu_guard_admission_requests_total{webhook="mutate",kind="Job",operation="CREATE",outcome="patched"} 2"#
-        ), "{text}");
+        for (kind, operation, outcome, count) in [
+            ("Job", "CREATE", "patched", 2),
+            ("Job", "UPDATE", "allowed", 1),
+            ("unknown", "unknown", "error", 1),
+        ] {
+            let sample = format!(
+                "gpu_guard_admission_requests_total{{webhook=\"mutate\",kind=\"{kind}\",\
+                 operation=\"{operation}\",outcome=\"{outcome}\"}} {count}\n"
+            );
+            assert!(text.contains(&sample), "no {sample:?} in {text}");
+        }
         assert!(
             text.contains(r#"gpu_guard_admission_duration_seconds_count{webhook="mutate"} 4"#),
             "every request is timed: {text}"

@@ -220,7 +220,7 @@ impl LeaseLock {
 
 /// Whether a holder whose record was last seen to change at `changed_at` has let its lease of
 /// `duration` run out at `now` (all on this replica's monotonic clock).
-pub fn expired(changed_at: Instant, duration: Duration, now: Instant) -> bool {
+fn expired(changed_at: Instant, duration: Duration, now: Instant) -> bool {
     changed_at
         .checked_add(duration)
         .is_some_and(|until| until < now)
@@ -277,7 +277,7 @@ impl Leadership {
 /// client-go's default retry period: how often a replica tries to acquire or renew the Lease
 /// (k8s.io/component-base `config/v1alpha1/defaults.go`,
 /// `RecommendedDefaultLeaderElectionConfiguration`: lease 15 s, renew deadline 10 s, retry 2 s).
-pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+const RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 /// The retry period for a Lease of `lease_duration`: [`RETRY_PERIOD`], or a fifth of the renew
 /// deadline (two thirds of the lease) when that is shorter, so a leader gets about five tries
@@ -307,7 +307,7 @@ impl Elector {
 
     /// Two thirds of the lease duration: how long a leader may act after sending a renewal
     /// that succeeded.
-    pub fn renew_deadline(&self) -> Duration {
+    fn renew_deadline(&self) -> Duration {
         self.lock.duration * 2 / 3
     }
 

@@ -27,8 +27,8 @@ use super::reconcile::marker::mark_from_events;
 use super::reconcile::{Caches, Reconciler};
 use gpu_guard_core::health::node;
 use gpu_guard_core::policy::Policy;
-use gpu_guard_runtime::cluster;
-use gpu_guard_runtime::process::{self, AdminProbes, Stopped, admin_router};
+use gpu_guard_runtime::cluster::{self, ClusterError};
+use gpu_guard_runtime::process::{self, AdminProbes, ProcessError, Stopped, admin_router};
 
 /// Pause after a watch event before a pass, so a burst of events makes one pass.
 const DEBOUNCE: Duration = Duration::from_secs(1);
@@ -93,14 +93,14 @@ impl AdminState {
 
 /// How old the last completed pass may be while leading before `/healthz` fails (so a
 /// reconcile loop that died or hangs gets the pod restarted): ten resyncs and a minute.
-pub fn pass_overdue_after(resync: Duration) -> Duration {
+fn pass_overdue_after(resync: Duration) -> Duration {
     resync
         .saturating_mul(10)
         .saturating_add(Duration::from_secs(60))
 }
 
 /// Whether a leader's last completed pass, at `last_pass`, is overdue at `now`.
-pub fn pass_overdue(last_pass: Option<Instant>, now: Instant, limit: Duration) -> bool {
+fn pass_overdue(last_pass: Option<Instant>, now: Instant, limit: Duration) -> bool {
     last_pass.is_some_and(|at| now.saturating_duration_since(at) > limit)
 }
 
@@ -138,14 +138,25 @@ impl RunningController {
     }
 }
 
+/// Why the controller could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No Kubernetes client can be made from the configuration.
+    #[error(transparent)]
+    Client(#[from] kube::Error),
+    /// The admin port cannot be bound.
+    #[error(transparent)]
+    Bind(#[from] std::io::Error),
+}
+
 /// Binds the admin port and starts the caches, the election and the loop. Returns at once.
 pub async fn start(
     config: kube::Config,
     policy: Policy,
     options: ControllerOptions,
-) -> std::io::Result<RunningController> {
+) -> Result<RunningController, StartError> {
     // The watches' client: no read timeout (a watch is a long-lived response).
-    let client = Client::try_from(config.clone()).map_err(std::io::Error::other)?;
+    let client = Client::try_from(config.clone())?;
     let resync = Duration::from_secs(policy.controller.resync_seconds.max(1));
     let metrics = Arc::new(ControllerMetrics::default());
     let state = Arc::new(AdminState {
@@ -182,8 +193,7 @@ pub async fn start(
         (Some(election), Some(leadership)) => {
             // Timeouts and no retries of kube's own: each round is bounded by the leader's
             // deadline.
-            let lease_client = Client::try_from(super::write_config(config.clone()))
-                .map_err(std::io::Error::other)?;
+            let lease_client = Client::try_from(super::write_config(config.clone()))?;
             let lock = LeaseLock::new(
                 lease_client,
                 &election.namespace,
@@ -210,8 +220,8 @@ pub async fn start(
     ));
     let (urgent, urgent_rx) = tokio::sync::mpsc::unbounded_channel();
     let caches = Caches::start(&client, &policy, Some(urgent));
-    let mut reconciler = Reconciler::new(config, policy.clone(), options.identity, metrics.clone())
-        .map_err(std::io::Error::other)?;
+    let mut reconciler =
+        Reconciler::new(config, policy.clone(), options.identity, metrics.clone())?;
     if let Some(leadership) = &leadership {
         reconciler.set_leadership(leadership.clone());
     }
@@ -475,28 +485,40 @@ pub struct LeaseSettings {
     pub duration: Duration,
 }
 
-/// `gpu-guard controller`: runs until a signal stops it; `Err` is a start-up failure, already
-/// logged.
-pub fn run(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, String> {
-    run_until_signal(settings, policy).inspect_err(|message| tracing::error!("{message}"))
+/// Why `gpu-guard controller` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("no identity for leader election: set --identity or POD_NAME")]
+    NoIdentity,
+    #[error("cannot start: {source}")]
+    Start {
+        #[source]
+        source: StartError,
+    },
 }
 
-fn run_until_signal(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, String> {
+/// `gpu-guard controller`: runs until a signal stops it; `Err` is a start-up failure, already
+/// logged.
+pub fn run(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, RunError> {
+    run_until_signal(settings, policy).inspect_err(|error| tracing::error!("{error}"))
+}
+
+fn run_until_signal(settings: &ControllerSettings, policy: Policy) -> Result<Stopped, RunError> {
     let runtime = process::runtime(None)?;
     runtime.block_on(async move {
         let mut signals = process::Signals::install()?;
-        let config = cluster::config(settings.kubeconfig.as_deref())
-            .await
-            .map_err(|error| error.to_string())?;
+        let config = cluster::config(settings.kubeconfig.as_deref()).await?;
         let identity = settings.identity.clone().or_else(hostname);
         let leader_election = match &settings.lease {
             None => None,
             Some(lease) => Some(LeaderElection {
                 namespace: lease.namespace.clone(),
                 name: lease.name.clone(),
-                identity: identity
-                    .clone()
-                    .ok_or("no identity for leader election: set --identity or POD_NAME")?,
+                identity: identity.clone().ok_or(RunError::NoIdentity)?,
                 duration: lease.duration,
             }),
         };
@@ -508,7 +530,7 @@ fn run_until_signal(settings: &ControllerSettings, policy: Policy) -> Result<Sto
         let dry_run = policy.controller.dry_run;
         let running = start(config, policy, options)
             .await
-            .map_err(|error| format!("cannot start: {error}"))?;
+            .map_err(|source| RunError::Start { source })?;
         tracing::info!(admin = %running.admin_addr, dry_run, "controller running");
         signals.next().await;
         tracing::info!("signal received: stopping (a second signal exits at once)");

@@ -262,8 +262,26 @@ pub fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>)
     stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
+/// Why a long-running command could not set up its process: the runtime or the signal
+/// handlers.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("cannot start the async runtime: {source}")]
+    Runtime {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot catch {signal}: {source}")]
+    Signal {
+        /// `SIGTERM` or `SIGINT`.
+        signal: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The multi-threaded tokio runtime of a command: one worker a core, or `workers`.
-pub fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
+pub fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime, ProcessError> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(workers) = workers {
         builder.worker_threads(workers);
@@ -271,7 +289,7 @@ pub fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime, String
     builder
         .enable_all()
         .build()
-        .map_err(|error| format!("cannot start the async runtime: {error}"))
+        .map_err(|source| ProcessError::Runtime { source })
 }
 
 /// SIGTERM and SIGINT, caught from the moment [`Signals::install`] returns.
@@ -287,12 +305,15 @@ pub struct Signals {
 
 impl Signals {
     /// Installs the handlers; call inside the runtime.
-    pub fn install() -> Result<Self, String> {
+    pub fn install() -> Result<Self, ProcessError> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
-            let install = |kind: SignalKind, name: &str| {
-                signal(kind).map_err(|error| format!("cannot catch {name}: {error}"))
+            let install = |kind: SignalKind, name: &'static str| {
+                signal(kind).map_err(|source| ProcessError::Signal {
+                    signal: name,
+                    source,
+                })
             };
             Ok(Self {
                 terminate: install(SignalKind::terminate(), "SIGTERM")?,

@@ -99,10 +99,32 @@ fn namespaced_name(value: &Value) -> String {
 /// The words the first pass looks for: the kinds [`learn`] reads.
 pub const FACT_KINDS: &[&str] = &["PriorityClass", "Node", "ResourceClaim", "DeviceClass"];
 
+/// Why a cluster fact (a PriorityClass or Node among the inputs, a `--priority-class` flag)
+/// cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FactError {
+    #[error(
+        "{location}: a PriorityClass needs metadata.name and a whole-number value between \
+         -2147483648 and 1000000000"
+    )]
+    PriorityClass { location: String },
+    #[error("{location}: cannot read the Node: {source}")]
+    Node {
+        location: String,
+        #[source]
+        source: gpu_guard_core::decode::JsonError,
+    },
+    #[error(
+        "--priority-class {flag:?}: expected NAME=VALUE with a whole-number VALUE \
+         (e.g. high-priority=1000000)"
+    )]
+    Flag { flag: String },
+}
+
 /// Adds a PriorityClass, Node or DRA (ResourceClaimTemplate, ResourceClaim, DeviceClass)
 /// object to `view`; any other object is ignored. An error says why such an object cannot be
 /// read.
-pub fn learn(view: &mut StaticView, object: &Object<'_>) -> Result<(), String> {
+pub fn learn(view: &mut StaticView, object: &Object<'_>) -> Result<(), FactError> {
     let value = &object.value;
     let api_version = value.get("apiVersion").and_then(Value::as_str);
     let kind = value.get("kind").and_then(Value::as_str);
@@ -120,21 +142,19 @@ pub fn learn(view: &mut StaticView, object: &Object<'_>) -> Result<(), String> {
                     value.get("globalDefault").and_then(Value::as_bool) == Some(true),
                 ),
                 _ => {
-                    return Err(format!(
-                        "{}: a PriorityClass needs metadata.name and a whole-number value \
-                         between -2147483648 and 1000000000",
-                        object.location()
-                    ));
+                    return Err(FactError::PriorityClass {
+                        location: object.location(),
+                    });
                 }
             }
         }
         (Some("v1"), Some("Node")) => match gpu_guard_core::decode::from_json_value(value) {
             Ok(node) => view.add_node(node),
-            Err(error) => {
-                return Err(format!(
-                    "{}: cannot read the Node: {error}",
-                    object.location()
-                ));
+            Err(source) => {
+                return Err(FactError::Node {
+                    location: object.location(),
+                    source,
+                });
             }
         },
         // ResourceClaimTemplates, ResourceClaims and DeviceClasses: to resolve DRA claims.
@@ -362,18 +382,13 @@ pub fn summary_line(
 }
 
 /// The `--priority-class NAME=VALUE` flags added to `view`.
-pub fn add_flags(view: &mut StaticView, flags: &[String]) -> Result<(), String> {
+pub fn add_flags(view: &mut StaticView, flags: &[String]) -> Result<(), FactError> {
     for flag in flags {
         let (name, value) = flag
             .split_once('=')
             .and_then(|(name, value)| Some((name, value.trim().parse::<i32>().ok()?)))
             .filter(|(name, _)| !name.is_empty())
-            .ok_or_else(|| {
-                format!(
-                    "--priority-class {flag:?}: expected NAME=VALUE with a whole-number VALUE \
-                     (e.g. high-priority=1000000)"
-                )
-            })?;
+            .ok_or_else(|| FactError::Flag { flag: flag.clone() })?;
         view.add_priority_class(name, value, false);
     }
     Ok(())

@@ -68,8 +68,8 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
         // Errors are reported where the object is, in the second pass.
         let _ = findings::learn(&mut facts, object);
     });
-    if let Err(message) = findings::add_flags(&mut facts, &args.priority_classes) {
-        report.error(log, message);
+    if let Err(error) = findings::add_flags(&mut facts, &args.priority_classes) {
+        report.error(log, error.to_string());
         return report.finish(log, &Tally::default(), exit::INPUT);
     }
     // The runtime runs the cache's watches; it lives until the check is done.
@@ -77,8 +77,8 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
         Some(path) => {
             match super::cluster_cache(path, Duration::from_secs(args.sync_timeout_seconds)) {
                 Ok(cluster) => Some(cluster),
-                Err(message) => {
-                    report.error(log, message);
+                Err(error) => {
+                    report.error(log, error.to_string());
                     return report.finish(log, &Tally::default(), exit::INPUT);
                 }
             }
@@ -119,8 +119,8 @@ pub(super) fn run(args: &CheckArgs, policy: &Policy, out: &mut dyn Write, log: &
             }
             // The first pass learnt the facts; their errors are reported here, in place.
             for object in objects.iter().filter(|o| findings::is_fact(&o.value)) {
-                if let Err(message) = findings::learn(&mut StaticView::default(), object) {
-                    report.error(log, message);
+                if let Err(error) = findings::learn(&mut StaticView::default(), object) {
+                    report.error(log, error.to_string());
                 }
             }
             // Decode errors name their line (of a single object; a List's items are judged

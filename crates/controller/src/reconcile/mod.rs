@@ -26,15 +26,16 @@
 //! PodDisruptionBudgets are exercised, and nothing is stored); Events, logs and metrics say
 //! what it would have done.
 
-pub mod caches;
-pub mod events;
-pub mod marker;
+mod caches;
+mod events;
+pub(crate) mod marker;
 mod node_pass;
 mod pod_pass;
-pub mod pods;
-pub mod throttle;
+mod pods;
+mod throttle;
 
-pub use caches::Caches;
+pub use caches::{Caches, OptedIn};
+pub use pods::{ClaimDrivers, PodCache};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -104,7 +105,7 @@ impl Write<'_> {
     }
 }
 
-/// What one pass did (or, in a dry run, would have done), for tests and the log.
+/// What one pass did (or, in a dry run, would have done), as the loop logs it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PassReport {
     pub tainted: Vec<String>,
@@ -392,10 +393,5 @@ impl Reconciler {
             .errors
             .push(format!("{} {object}: {error}", write.label()));
         Ok(None)
-    }
-
-    /// The node histories (for tests and debugging).
-    pub fn histories(&self) -> &HashMap<String, NodeHistory> {
-        &self.histories
     }
 }

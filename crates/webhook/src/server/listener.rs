@@ -19,7 +19,6 @@ use super::routes::webhook_router;
 use super::state::{AppState, ClusterSource};
 use super::tls::{self, CertificateFiles, CertificateStore};
 use super::{BODY_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, SHUTDOWN_TIMEOUT};
-use crate::admission;
 use gpu_guard_core::guard::ClusterView;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_runtime::process::{admin_router, set_nodelay, without_nagle};
@@ -126,7 +125,6 @@ pub async fn start(
         policy,
         view,
         cluster,
-        reviewer: admission::review,
         body_timeout: config.timeouts.body,
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),

@@ -220,11 +220,6 @@ impl Metrics {
             started: Instant::now(),
         }
     }
-
-    /// The value of the request counter for one label set (for tests and the load test).
-    pub fn requests_for(&self, labels: &RequestLabels) -> u64 {
-        self.requests.get_or_create(labels).get()
-    }
 }
 
 /// An RAII guard: the in-flight gauge goes down when the request is answered.

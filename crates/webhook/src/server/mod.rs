@@ -20,7 +20,7 @@ pub use listener::{
     start,
 };
 pub use routes::webhook_router;
-pub use state::{AppState, ClusterSource, Reviewer};
+pub use state::{AppState, ClusterSource};
 
 /// The largest AdmissionReview accepted (the API server's own limit is about 3 MiB per object;
 /// 7 MiB matches controller-runtime).

@@ -1,5 +1,5 @@
 //! The webhook routes: `/mutate` and `/validate` read the body within its limits and hand it
-//! to the reviewer ([`crate::admission::review`]); the answer, its metrics and its log line.
+//! to [`crate::admission::review`]; the answer, its metrics and its log line.
 
 use std::sync::Arc;
 
@@ -13,7 +13,9 @@ use axum::routing::post;
 use super::MAX_BODY_BYTES;
 use super::metrics::{self, RequestLabels};
 use super::state::AppState;
-use crate::admission::{ReviewOutcome, Webhook};
+use crate::admission::{self, ReviewError, ReviewOutcome, Reviewed, Webhook};
+use gpu_guard_core::guard::ClusterView;
+use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::{MUTATE_PATH, VALIDATE_PATH};
 
 /// The webhook routes (no TLS, no sockets: tests drive it with `tower::ServiceExt::oneshot`).
@@ -29,15 +31,20 @@ pub fn webhook_router(state: Arc<AppState>) -> Router {
 pub const REVIEW_LOG_TARGET: &str = "gpu_guard::admission";
 
 async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    webhook(Webhook::Mutate, &state, request).await
+    webhook(Webhook::Mutate, &state, request, admission::review).await
 }
 
 async fn validate(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    webhook(Webhook::Validate, &state, request).await
+    webhook(Webhook::Validate, &state, request, admission::review).await
 }
 
+/// What decides a request body: [`admission::review`]. A parameter, not a fixed call, so that
+/// the unit tests below can show what a panic or an internal error of it becomes; no such input
+/// is known to reach the real one.
+type Review = fn(Webhook, &[u8], &Policy, &dyn ClusterView) -> Result<Reviewed, ReviewError>;
+
 /// Reads the body (within [`MAX_BODY_BYTES`]) and decides; the headers are read in place.
-async fn webhook(webhook: Webhook, state: &AppState, request: Request) -> Response {
+async fn webhook(webhook: Webhook, state: &AppState, request: Request, review: Review) -> Response {
     let (parts, body) = request.into_parts();
     match tokio::time::timeout(
         state.body_timeout,
@@ -45,7 +52,7 @@ async fn webhook(webhook: Webhook, state: &AppState, request: Request) -> Respon
     )
     .await
     {
-        Ok(Ok(body)) => handle(webhook, state, &parts.headers, &body),
+        Ok(Ok(body)) => handle(webhook, state, &parts.headers, &body, review),
         Ok(Err(_)) => plain(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the body exceeds {MAX_BODY_BYTES} bytes (or was cut off)\n"),
@@ -60,7 +67,13 @@ async fn webhook(webhook: Webhook, state: &AppState, request: Request) -> Respon
     }
 }
 
-fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) -> Response {
+fn handle(
+    webhook: Webhook,
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    review: Review,
+) -> Response {
     let in_flight = state.metrics.in_flight();
     let failed = |in_flight: metrics::InFlight<'_>| {
         in_flight.finish(RequestLabels {
@@ -82,9 +95,9 @@ fn handle(webhook: Webhook, state: &AppState, headers: &HeaderMap, body: &[u8]) 
         );
     }
     // The closure only reads the policy and the body; a panic leaves nothing half-updated.
-    let (policy, reviewer, view) = (&state.policy, state.reviewer, &*state.view);
+    let (policy, view) = (&state.policy, &*state.view);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        reviewer(webhook, body, policy, view)
+        review(webhook, body, policy, view)
     }));
     match result {
         Ok(Ok(reviewed)) => {
@@ -178,4 +191,111 @@ fn plain(status: StatusCode, message: String) -> Response {
         message,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    const JOB: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/admission/001-Job-CREATE-mutate.json"
+    ));
+
+    /// [`webhook_router`]'s `/mutate`, deciding with `review`.
+    fn mutate_with(state: Arc<AppState>, review: Review) -> Router {
+        Router::new()
+            .route(
+                MUTATE_PATH,
+                post(
+                    move |State(state): State<Arc<AppState>>, request: Request| async move {
+                        webhook(Webhook::Mutate, &state, request, review).await
+                    },
+                ),
+            )
+            .with_state(state)
+    }
+
+    fn request(body: &'static [u8]) -> Request {
+        Request::post(MUTATE_PATH)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .expect("a valid request")
+    }
+
+    /// What the admin port's `/metrics` serves.
+    fn exposition(state: &AppState) -> String {
+        gpu_guard_runtime::process::AdminProbes::metrics(state)
+    }
+
+    fn panics_on_marker(
+        webhook: Webhook,
+        body: &[u8],
+        policy: &Policy,
+        view: &dyn ClusterView,
+    ) -> Result<Reviewed, ReviewError> {
+        assert!(body != b"{\"panic\": true}", "a bug in a handler");
+        admission::review(webhook, body, policy, view)
+    }
+
+    fn internal_error(
+        _: Webhook,
+        _: &[u8],
+        _: &Policy,
+        _: &dyn ClusterView,
+    ) -> Result<Reviewed, ReviewError> {
+        Err(ReviewError::Internal(
+            "the computed patch does not apply".to_owned(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_panic_is_a_counted_500_and_the_next_request_is_served() {
+        let state = AppState::new(Policy::embedded());
+        let router = mutate_with(state.clone(), panics_on_marker);
+        let response = router
+            .clone()
+            .oneshot(request(b"{\"panic\": true}"))
+            .await
+            .expect("an answer");
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(state.metrics.panics.get(), 1);
+
+        let response = router.oneshot(request(JOB)).await.expect("an answer");
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = exposition(&state);
+        assert!(text.contains("gpu_guard_handler_panics_total 1"), "{text}");
+        assert!(
+            text.contains(
+                r#"gpu_guard_admission_requests_total{webhook="mutate",kind="unknown",operation="unknown",outcome="error"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_internal_error_is_a_500_so_the_failure_policy_applies() {
+        let state = AppState::new(Policy::embedded());
+        let response = mutate_with(state.clone(), internal_error)
+            .oneshot(request(JOB))
+            .await
+            .expect("an answer");
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("a body");
+        assert_eq!(
+            &body[..],
+            b"internal error: the computed patch does not apply\n"
+        );
+        let text = exposition(&state);
+        assert!(
+            text.contains(
+                r#"gpu_guard_admission_requests_total{webhook="mutate",kind="unknown",operation="unknown",outcome="error"} 1"#
+            ),
+            "{text}"
+        );
+        assert_eq!(state.metrics.panics.get(), 0);
+    }
 }

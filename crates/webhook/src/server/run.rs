@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use base64::Engine as _;
 
-use super::{CertificateSource, ClusterSource, ServerConfig, start, tls};
+use super::{CertificateSource, ClusterSource, ServerConfig, StartError, start, tls};
 use gpu_guard_core::policy::Policy;
-use gpu_guard_runtime::cluster;
-use gpu_guard_runtime::process::{self, Stopped};
+use gpu_guard_runtime::cluster::{self, ClusterError};
+use gpu_guard_runtime::process::{self, ProcessError, Stopped};
 
 /// What `serve` runs with, resolved from flags and environment.
 #[derive(Clone, Debug)]
@@ -33,12 +33,42 @@ pub struct ServeSettings {
     pub cache_sync_warn: Duration,
 }
 
-/// Runs the server until a signal stops it; `Err` is a start-up failure, already logged.
-pub fn serve(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
-    run(settings, policy).inspect_err(|message| tracing::error!("{message}"))
+/// Why `serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// A cluster is configured but no client can be made for it.
+    #[error(
+        "{source}; or run without a cluster with --no-cluster (PriorityClasses and GPU nodes \
+         from the policy file's guard.offline)"
+    )]
+    Cluster {
+        #[source]
+        source: ClusterError,
+    },
+    /// No certificate files given, and none could be generated.
+    #[error(transparent)]
+    Generate(tls::TlsError),
+    #[error("cannot write the CA bundle to {}: {source}", path.display())]
+    CaBundle {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start: {source}")]
+    Start {
+        #[source]
+        source: StartError,
+    },
 }
 
-fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
+/// Runs the server until a signal stops it; `Err` is a start-up failure, already logged.
+pub fn serve(settings: &ServeSettings, policy: Policy) -> Result<Stopped, ServeError> {
+    run(settings, policy).inspect_err(|error| tracing::error!("{error}"))
+}
+
+fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, ServeError> {
     let runtime = process::runtime(None)?;
     let certificate = certificate_source(settings)?;
     let config = ServerConfig {
@@ -68,7 +98,7 @@ fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
         }
         let running = start(config, policy, cluster)
             .await
-            .map_err(|error| format!("cannot start: {error}"))?;
+            .map_err(|source| ServeError::Start { source })?;
         tracing::info!(webhook = %running.addr, admin = %running.admin_addr, "serving");
         signals.next().await;
         tracing::info!("signal received: draining (a second signal exits at once)");
@@ -81,7 +111,7 @@ fn run(settings: &ServeSettings, policy: Policy) -> Result<Stopped, String> {
 async fn cluster_source(
     settings: &ServeSettings,
     policy: &Policy,
-) -> Result<ClusterSource, String> {
+) -> Result<ClusterSource, ServeError> {
     if settings.no_cluster {
         tracing::info!("--no-cluster: PriorityClasses and GPU nodes come from the policy file");
         return Ok(ClusterSource::offline(policy));
@@ -96,17 +126,12 @@ async fn cluster_source(
     }
     let client = cluster::client(settings.kubeconfig.as_deref())
         .await
-        .map_err(|error| {
-            format!(
-                "{error}; or run without a cluster with --no-cluster (PriorityClasses and GPU \
-                 nodes from the policy file's guard.offline)"
-            )
-        })?;
+        .map_err(|source| ServeError::Cluster { source })?;
     tracing::info!("watching PriorityClasses and Nodes");
     Ok(ClusterSource::Cache(cluster::ClusterCache::start(client)))
 }
 
-fn certificate_source(settings: &ServeSettings) -> Result<CertificateSource, String> {
+fn certificate_source(settings: &ServeSettings) -> Result<CertificateSource, ServeError> {
     if let Some((cert, key)) = &settings.tls_files {
         return Ok(CertificateSource::Files {
             files: tls::CertificateFiles {
@@ -116,13 +141,15 @@ fn certificate_source(settings: &ServeSettings) -> Result<CertificateSource, Str
             poll: settings.cert_poll.max(Duration::from_secs(1)),
         });
     }
-    let pair = tls::generate_self_signed(&settings.dns_names).map_err(|e| e.to_string())?;
+    let pair = tls::generate_self_signed(&settings.dns_names).map_err(ServeError::Generate)?;
     let path = settings
         .ca_bundle_file
         .clone()
         .unwrap_or_else(super::default_ca_bundle_path);
-    std::fs::write(&path, &pair.ca_pem)
-        .map_err(|e| format!("cannot write the CA bundle to {}: {e}", path.display()))?;
+    std::fs::write(&path, &pair.ca_pem).map_err(|source| ServeError::CaBundle {
+        path: path.clone(),
+        source,
+    })?;
     tracing::info!(
         ca_bundle_file = %path.display(),
         ca_bundle = %base64::engine::general_purpose::STANDARD.encode(&pair.ca_pem),

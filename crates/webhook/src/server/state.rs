@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::BODY_TIMEOUT;
 use super::metrics::Metrics;
 use super::tls::CertificateStore;
-use crate::admission::{self, Webhook};
 use gpu_guard_core::guard::{ClusterView, StaticView};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_runtime::cluster::ClusterCache;
@@ -30,14 +29,6 @@ impl ClusterSource {
     }
 }
 
-/// Decides one request body; [`admission::review`] in production, a stand-in in tests.
-pub type Reviewer = fn(
-    Webhook,
-    &[u8],
-    &Policy,
-    &dyn ClusterView,
-) -> Result<admission::Reviewed, admission::ReviewError>;
-
 /// Shared by every request.
 pub struct AppState {
     pub policy: Policy,
@@ -45,7 +36,6 @@ pub struct AppState {
     pub view: Arc<dyn ClusterView>,
     /// The caches behind `view` when there is a cluster (for their metrics).
     pub cluster: Option<ClusterCache>,
-    pub reviewer: Reviewer,
     pub body_timeout: Duration,
     pub ready: AtomicBool,
     pub draining: AtomicBool,
@@ -65,25 +55,14 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
-    /// State for a router without TLS (tests drive it with `oneshot`): ready at once, with the
-    /// policy's offline cluster facts.
+    /// State for a [`super::webhook_router`] served without TLS (or driven in process with
+    /// `tower::ServiceExt::oneshot`): ready at once, with the policy's offline cluster facts.
     pub fn new(policy: Policy) -> Arc<Self> {
-        Self::with_reviewer(policy, admission::review)
-    }
-
-    /// [`AppState::new`] with another reviewer (tests use one that panics).
-    pub fn with_reviewer(policy: Policy, reviewer: Reviewer) -> Arc<Self> {
         let view = Arc::new(StaticView::from_policy(&policy.guard.offline));
-        Self::with_view(policy, view, reviewer)
-    }
-
-    /// [`AppState::new`] with another cluster view.
-    pub fn with_view(policy: Policy, view: Arc<dyn ClusterView>, reviewer: Reviewer) -> Arc<Self> {
         Arc::new(Self {
             policy,
             view,
             cluster: None,
-            reviewer,
             body_timeout: BODY_TIMEOUT,
             ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),

@@ -110,16 +110,6 @@ impl CertificateStore {
     fn refused(&self) {
         self.metrics.reload_errors.inc();
     }
-
-    /// How many times a changed pair was refused (the last good pair stayed).
-    pub fn reload_errors(&self) -> u64 {
-        self.metrics.reload_errors.get()
-    }
-
-    /// How many times a new pair was taken into use.
-    pub fn reloads(&self) -> u64 {
-        self.metrics.reloads.get()
-    }
 }
 
 /// The notAfter of the leaf certificate, as Unix seconds.

@@ -955,7 +955,7 @@ proptest! {
             &policy.devices,
             opted_in,
             "",
-            &gpu_guard_core::policy::NoDraFacts,
+            &gpu_guard_core::devices::NoDraFacts,
         )
         .targets;
         let failure_rules = outcome
@@ -1050,7 +1050,7 @@ proptest! {
                 .expect("a Job")
                 .expect("the general path succeeds");
             let text = serde_json::to_string(document).unwrap();
-            let fast = gpu_guard_core::mutate::object::mutate_job_json(&text, policy, &gpu_guard_core::policy::NoDraFacts)
+            let fast = gpu_guard_core::mutate::object::mutate_job_json(&text, policy, &gpu_guard_core::devices::NoDraFacts)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
             let skeleton = gpu_guard_core::mutate::job_view::decode(&text).unwrap().skeleton;
@@ -1485,7 +1485,7 @@ proptest! {
                 .expect("a JobSet kind")
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let text = serde_json::to_string(document).unwrap();
-            let fast = mutate_jobset_json(&text, mutable, policy, &gpu_guard_core::policy::NoDraFacts)
+            let fast = mutate_jobset_json(&text, mutable, policy, &gpu_guard_core::devices::NoDraFacts)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
             prop_assert_eq!(fast.outcome.summary(), general.outcome.summary());

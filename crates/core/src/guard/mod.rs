@@ -28,7 +28,8 @@ pub use input::{
 pub use view::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode, Layered, StaticView};
 
 use crate::field::FieldPath;
-use crate::policy::{DeviceResources, DeviceUse, Guard, GuardMode, UnresolvedClaim};
+use crate::devices::{ContainerResources, DeviceResources, DeviceUse, UnresolvedClaim};
+use crate::policy::{Guard, GuardMode};
 
 /// The annotation the kubelet puts on mirror pods of static pods: denying one would not stop
 /// the static pod, so they are not judged.
@@ -499,33 +500,24 @@ fn targets(
                 continue;
             };
             let resources_path = || spec_path.child(list).index(index).child("resources");
-            // One reason per container is enough.
-            if let Some((field, resource)) = devices
-                .devices_in_with(
-                    resources.limits.as_ref(),
-                    resources.requests.as_ref(),
-                    view.dra(),
-                )
-                .next()
-            {
-                found.push(Target {
-                    path: resources_path().child(field).key(resource),
-                    what: format!("container {:?} uses the device {resource}", container.name),
-                    undo: format!("the {resource} request"),
-                    device: true,
-                });
-                continue;
-            }
-            if resources.claims.is_none() {
-                continue;
-            }
-            let claimed = devices.claimed_devices(
-                resources.claims.as_deref(),
+            let uses = devices.container_devices(
+                ContainerResources {
+                    limits: resources.limits.as_ref(),
+                    requests: resources.requests.as_ref(),
+                    claims: resources.claims.as_deref(),
+                },
                 spec.resource_claims.as_deref(),
                 namespace,
                 view.dra(),
             );
-            match claimed.devices.first() {
+            // One reason per container is enough.
+            match uses.devices.first() {
+                Some(DeviceUse::Resource { field, resource }) => found.push(Target {
+                    path: resources_path().child(*field).key(resource),
+                    what: format!("container {:?} uses the device {resource}", container.name),
+                    undo: format!("the {resource} request"),
+                    device: true,
+                }),
                 Some(DeviceUse::Claim {
                     index: at,
                     claim,
@@ -540,7 +532,7 @@ fn targets(
                     undo: format!("the {claim} claim"),
                     device: true,
                 }),
-                _ => unresolved.extend(claimed.unresolved),
+                None => unresolved.extend(uses.unresolved),
             }
         }
     }

@@ -18,7 +18,8 @@ use crate::mutate::{
     ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
     mutate_owned_job, template_as_job,
 };
-use crate::policy::{DraFacts, NoDraFacts, Policy};
+use crate::devices::{DraFacts, NoDraFacts};
+use crate::policy::Policy;
 use crate::wellknown::MUTATED_ANNOTATION;
 
 /// The kinds the engine mutates.

@@ -23,10 +23,7 @@ mod validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use devices::{
-    ClaimDevices, ClaimRequest, ContainerDevices, DeviceResources, DeviceUse, DraFacts, DraObjects,
-    IMPLICIT_EXTENDED_RESOURCE_PREFIX, Lookup, NoDraFacts, UnresolvedClaim,
-};
+pub use devices::DeviceResources;
 pub use guard::{
     ExemptWorkload, Exemptions, GpuNodeLabel, Guard, GuardMode, MinimumPriority, OfflineCluster,
     OfflinePriorityClass, TaintEffect,

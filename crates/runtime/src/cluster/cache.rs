@@ -18,7 +18,7 @@ use tokio::task::AbortHandle;
 
 use super::reflector::{CacheStatus, Reflected, Watch};
 use gpu_guard_core::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
-use gpu_guard_core::policy::{ClaimDevices, DraFacts, Lookup};
+use gpu_guard_core::devices::{ClaimDevices, DraFacts, Lookup};
 
 /// What the caches read, as RBAC rules: `(API group, resource, verbs)`. The installation's
 /// ClusterRole is generated from this ([`crate::install`]).

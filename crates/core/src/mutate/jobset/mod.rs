@@ -38,7 +38,7 @@ use crate::api_rules::jobset::{
     default_rule_name,
 };
 use crate::field::FieldPath;
-use crate::policy::DraFacts;
+use crate::devices::DraFacts;
 use crate::policy::{ExistingPolicy, Policy, RuleAction};
 
 /// The prefix of every failure-policy rule gpu-guard adds (a valid JobSet rule name start).

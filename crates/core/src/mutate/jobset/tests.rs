@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::policy::NoDraFacts;
+use crate::devices::NoDraFacts;
 use crate::policy::OnFailureRestartPolicy;
 use crate::wellknown::SKIP_ANNOTATION;
 

@@ -1413,7 +1413,8 @@ proptest! {
         kind in policy_kind(),
     ) {
         use gpu_guard_core::field::FieldPath;
-        use gpu_guard_core::api_rules::jobset::{JobSetSpec, check_jobset_spec};
+        use gpu_guard_core::api_rules::jobset::check_jobset_spec;
+use gpu_guard_core::jobset::JobSetSpec;
         let policy = kind.policy();
         let path = FieldPath::new(["spec"]);
         let spec: JobSetSpec = serde_json::from_value(raw["spec"].clone()).unwrap();

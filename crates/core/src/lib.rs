@@ -8,6 +8,7 @@
 //! | module | what it owns |
 //! |---|---|
 //! | [`wellknown`], [`field`], [`decode`] | every `gpu-guard.io/*` name; `FieldPath` and `Violation`; decoding errors in words |
+//! | [`jobset`] | the JobSet API types (a JobSet's spec, a Trainer runtime's JobSet template) |
 //! | [`api_rules`] | the API server's (and JobSet's webhook's) validation of what gpu-guard writes |
 //! | [`policy`] | the policy file: types, defaults, loading, validation |
 //! | [`devices`] | the one rule of "this container uses a device", and the DRA facts it reads |
@@ -19,6 +20,8 @@ pub mod wellknown;
 
 pub mod decode;
 pub mod field;
+
+pub mod jobset;
 
 pub mod api_rules;
 

@@ -93,7 +93,10 @@ impl ClaimDevices {
 
     /// The classes a container gets from this claim: all, or those of one `request` (or
     /// `request/subrequest`).
-    pub(super) fn classes_for<'a>(&'a self, request: Option<&'a str>) -> impl Iterator<Item = &'a str> {
+    pub(super) fn classes_for<'a>(
+        &'a self,
+        request: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a str> {
         let (wanted, sub) = match request.filter(|r| !r.is_empty()) {
             None => (None, None),
             Some(request) => match request.split_once('/') {
@@ -238,4 +241,3 @@ impl DraFacts for DraObjects {
         self.extended_resources.get(resource).cloned()
     }
 }
-

@@ -432,8 +432,7 @@ mod tests {
             ),
         ];
         for (case, resources, expected, unresolved) in cases {
-            let found =
-                devices.container_devices(
+            let found = devices.container_devices(
                 ContainerResources::of(&container(resources)),
                 Some(&pod_claims()),
                 "ml",
@@ -455,13 +454,23 @@ mod tests {
         let devices = DeviceResources::default();
         let gpus = container(json!({"claims": [{"name": "gpus"}]}));
         let claims = pod_claims();
-        let unknown = devices.container_devices(ContainerResources::of(&gpus), Some(&claims), "ml", &NoDraFacts);
+        let unknown = devices.container_devices(
+            ContainerResources::of(&gpus),
+            Some(&claims),
+            "ml",
+            &NoDraFacts,
+        );
         assert!(!unknown.uses_device());
         assert_eq!(
             unknown.unresolved[0].to_string(),
             r#"ResourceClaimTemplate ml/one-gpu is not known (claim "gpus")"#
         );
-        let elsewhere = devices.container_devices(ContainerResources::of(&gpus), Some(&claims), "other", &facts());
+        let elsewhere = devices.container_devices(
+            ContainerResources::of(&gpus),
+            Some(&claims),
+            "other",
+            &facts(),
+        );
         assert_eq!(
             elsewhere.unresolved[0].what(),
             "ResourceClaimTemplate other/one-gpu does not exist"

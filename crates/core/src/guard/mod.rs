@@ -27,8 +27,8 @@ pub use input::{
 };
 pub use view::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode, Layered, StaticView};
 
-use crate::field::FieldPath;
 use crate::devices::{ContainerResources, DeviceResources, DeviceUse, UnresolvedClaim};
+use crate::field::FieldPath;
 use crate::policy::{Guard, GuardMode};
 
 /// The annotation the kubelet puts on mirror pods of static pods: denying one would not stop

@@ -39,8 +39,7 @@ pub fn device_containers(
 ) -> DeviceContainers {
     let mut unresolved = Vec::new();
     let mut uses_device = |container: &Container| {
-        let found =
-            devices.container_devices(
+        let found = devices.container_devices(
             ContainerResources::of(container),
             pod.resource_claims.as_deref(),
             namespace,

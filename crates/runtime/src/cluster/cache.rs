@@ -17,8 +17,8 @@ use kube::{Api, Client};
 use tokio::task::AbortHandle;
 
 use super::reflector::{CacheStatus, Reflected, Watch};
-use gpu_guard_core::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
 use gpu_guard_core::devices::{ClaimDevices, DraFacts, Lookup};
+use gpu_guard_core::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
 
 /// What the caches read, as RBAC rules: `(API group, resource, verbs)`. The installation's
 /// ClusterRole is generated from this ([`crate::install`]).

@@ -38,7 +38,7 @@ pub struct JsonError {
     source: serde_json::Error,
     field: Option<String>,
     /// The problem in parts, when the second decode found it at the same field.
-    problem: Option<Problem>,
+    problem: Option<Box<Problem>>,
     /// Where the decoded value was written, when a [`FieldLinesScope`] said so.
     lines: Option<ScopedLines>,
 }
@@ -103,7 +103,7 @@ impl JsonError {
         Self {
             source: serde_json::Error::custom(&problem),
             field: None,
-            problem: Some(problem),
+            problem: Some(Box::new(problem)),
             lines: None,
         }
     }
@@ -145,7 +145,7 @@ impl JsonError {
 
     /// The problem in parts, when it is known.
     pub fn problem(&self) -> Option<&Problem> {
-        self.problem.as_ref()
+        self.problem.as_deref()
     }
 
     /// The message without the field. A field says where; a position in a text the user may
@@ -237,7 +237,7 @@ fn described<'de, T: Deserialize<'de>>(
     };
     let problem = path.as_deref().and_then(|path| {
         let (at, problem) = problem_in::<T>(&node()?, Source::Json)?;
-        (at == path).then_some(problem)
+        (at == path).then(|| Box::new(problem))
     });
     let field = path.filter(|path| path != ".");
     // Only for an error of the data, found in a field: the text's lines have nothing to say

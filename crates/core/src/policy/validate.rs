@@ -33,9 +33,12 @@ const NEVER_RESTARTED_EXIT_CODES: [(i32, &str); 5] = [
     ),
 ];
 
+/// The problems of one section of a policy, each with its field.
+type Section = fn(&Policy) -> Vec<(FieldPath, String)>;
+
 /// Every problem of `policy`, section by section, in the order of the file.
 pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
-    let sections: [fn(&Policy) -> Vec<(FieldPath, String)>; 10] = [
+    let sections: [Section; 10] = [
         validate_header,
         validate_devices,
         validate_pod_condition_rules,

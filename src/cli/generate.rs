@@ -23,7 +23,8 @@ pub enum GenerateCommand {
     /// Each --container names a container that uses a device; exit-code rules name it in
     /// containerName. Without --container the rules match every container (do not use that
     /// with native sidecars: they exit 137/143 at shutdown).
-    FailurePolicy(FailurePolicyArgs),
+    #[command(name = "failure-policy")]
+    PodFailurePolicy(PodFailurePolicyArgs),
     /// Print (or write) the installation: Namespace, RBAC, Deployment, PodDisruptionBudget,
     /// Service, the two webhook configurations and a NetworkPolicy, from the same names, ports
     /// and paths the server uses. `webhook-config/base/` is this command's output with
@@ -48,10 +49,10 @@ pub struct WebhookConfigArgs {
     pub ca_bundle_file: Option<PathBuf>,
     /// failurePolicy of the mutating webhook.
     #[arg(long, value_enum, default_value = "ignore")]
-    pub mutate_failure_policy: install::FailurePolicy,
+    pub mutate_failure_policy: install::WebhookFailurePolicy,
     /// failurePolicy of the validating webhook.
     #[arg(long, value_enum, default_value = "ignore")]
-    pub validate_failure_policy: install::FailurePolicy,
+    pub validate_failure_policy: install::WebhookFailurePolicy,
     /// Only the webhook configurations, calling this base URL instead of the Service (e.g.
     /// https://127.0.0.1:8443 for a `gpu-guard serve` beside a local API server).
     #[arg(long, value_name = "URL")]
@@ -67,7 +68,7 @@ pub struct WebhookConfigArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct FailurePolicyArgs {
+pub struct PodFailurePolicyArgs {
     /// A container that uses a device. Repeat for several.
     #[arg(long = "container", value_name = "NAME")]
     pub containers: Vec<String>,
@@ -164,7 +165,7 @@ fn container_name_errors(names: &[String]) -> Vec<String> {
     errors
 }
 
-pub(super) fn failure_policy(args: &FailurePolicyArgs, policy: &Policy) -> Report {
+pub(super) fn failure_policy(args: &PodFailurePolicyArgs, policy: &Policy) -> Report {
     let errors = container_name_errors(&args.containers);
     if !errors.is_empty() {
         return Report {

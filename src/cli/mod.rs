@@ -31,7 +31,7 @@ use gpu_guard_runtime::process::{self, LogColour, LogFormat, ProcessError, Stopp
 pub use certs::CertsArgs;
 pub use check::{CheckArgs, CheckFormat};
 pub use controller::ControllerArgs;
-pub use generate::{FailurePolicyArgs, GenerateCommand, WebhookConfigArgs};
+pub use generate::{GenerateCommand, PodFailurePolicyArgs, WebhookConfigArgs};
 pub use inputs::InputArgs;
 pub use mutate::MutateArgs;
 pub use serve::ServeArgs;
@@ -260,7 +260,7 @@ pub fn run_with(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         Command::Check(args) => return check::run(args, &policy, out, &mut log),
         Command::Serve(args) => serve::run(args, cli.global.policy.as_deref(), policy),
         Command::Controller(args) => controller::run(args, policy),
-        Command::Generate(GenerateCommand::FailurePolicy(args)) => {
+        Command::Generate(GenerateCommand::PodFailurePolicy(args)) => {
             generate::failure_policy(args, &policy)
         }
         Command::Generate(GenerateCommand::WebhookConfig(args)) => generate::webhook_config(args),
@@ -394,18 +394,18 @@ values_of!(log_colours -> LogColour {
     Never => "never",
 });
 values_of!(formats -> Format { Yaml => "yaml", Json => "json" });
-use install::FailurePolicy;
-impl ValueEnum for FailurePolicy {
+use install::WebhookFailurePolicy;
+impl ValueEnum for WebhookFailurePolicy {
     fn value_variants<'a>() -> &'a [Self] {
-        &[FailurePolicy::Ignore, FailurePolicy::Fail]
+        &[WebhookFailurePolicy::Ignore, WebhookFailurePolicy::Fail]
     }
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
         Some(match self {
-            FailurePolicy::Ignore => PossibleValue::new("ignore").help(
+            WebhookFailurePolicy::Ignore => PossibleValue::new("ignore").help(
                 "Admit the object when the webhook cannot be reached (the default: gpu-guard can never block the cluster)",
             ),
-            FailurePolicy::Fail => {
+            WebhookFailurePolicy::Fail => {
                 PossibleValue::new("fail").help("Reject the object when the webhook cannot be reached")
             }
         })

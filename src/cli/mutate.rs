@@ -11,9 +11,10 @@ use serde_json::Value;
 use super::inputs::{InputArgs, Inputs};
 use super::tally::{self, Tally};
 use super::{Log, exit};
+use gpu_guard_core::devices::DraFacts;
 use gpu_guard_core::guard::{ClusterView, Layered, StaticView};
 use gpu_guard_core::mutate::{SkipReason, object, other_kinds};
-use gpu_guard_core::policy::{DraFacts, Policy};
+use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Document, DocumentWriter, Format};
 
 #[derive(Debug, Args)]

@@ -56,9 +56,9 @@ pub struct Options {
     /// CA injector or a kustomize replacement to fill).
     pub ca_bundle: Option<Vec<u8>>,
     /// `failurePolicy` of the mutating webhook.
-    pub mutate_failure_policy: FailurePolicy,
+    pub mutate_failure_policy: WebhookFailurePolicy,
     /// `failurePolicy` of the validating webhook.
-    pub validate_failure_policy: FailurePolicy,
+    pub validate_failure_policy: WebhookFailurePolicy,
     /// Local development: the webhook configurations call `https://127.0.0.1:8443` (a
     /// `gpu-guard serve` beside a local API server) instead of the Service.
     pub local_url: Option<String>,
@@ -71,8 +71,8 @@ impl Default for Options {
             service_name: "gpu-guard".to_owned(),
             image: format!("ghcr.io/gpu-guard/gpu-guard:v{}", env!("CARGO_PKG_VERSION")),
             ca_bundle: None,
-            mutate_failure_policy: FailurePolicy::Ignore,
-            validate_failure_policy: FailurePolicy::Ignore,
+            mutate_failure_policy: WebhookFailurePolicy::Ignore,
+            validate_failure_policy: WebhookFailurePolicy::Ignore,
             local_url: None,
         }
     }
@@ -80,7 +80,7 @@ impl Default for Options {
 
 /// A webhook's `failurePolicy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailurePolicy {
+pub enum WebhookFailurePolicy {
     /// Admit the object when the webhook cannot be reached (the default: gpu-guard can never
     /// block the cluster).
     Ignore,
@@ -88,7 +88,7 @@ pub enum FailurePolicy {
     Fail,
 }
 
-impl FailurePolicy {
+impl WebhookFailurePolicy {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ignore => "Ignore",

@@ -13,8 +13,8 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpu_guard_core::devices::Lookup;
 use gpu_guard_core::guard::{ClusterView, KnownNode};
-use gpu_guard_core::policy::Lookup;
 use gpu_guard_runtime::cluster::{self, CacheStatus, ClusterCache, ClusterError};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};

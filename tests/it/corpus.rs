@@ -29,8 +29,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpu_guard_core::api_rules::job::check_job;
-use gpu_guard_core::api_rules::jobset::{JobSetSpec, check_jobset_spec};
+use gpu_guard_core::api_rules::jobset::check_jobset_spec;
 use gpu_guard_core::field::FieldPath;
+use gpu_guard_core::jobset::JobSetSpec;
 use gpu_guard_core::mutate::template_as_job;
 use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use serde::Deserialize;

@@ -3,9 +3,10 @@
 //! jobset, kueue and trainer repositories (`tests/fixtures/jobset/`, `tests/fixtures/trainer/`).
 
 use base64::Engine as _;
-use gpu_guard_core::api_rules::jobset::{JobSetSpec, check_jobset_spec};
+use gpu_guard_core::api_rules::jobset::check_jobset_spec;
 use gpu_guard_core::field::FieldPath;
 use gpu_guard_core::guard::StaticView;
+use gpu_guard_core::jobset::JobSetSpec;
 use gpu_guard_core::mutate::patch;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::MUTATED_ANNOTATION;

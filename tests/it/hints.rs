@@ -404,8 +404,8 @@ fn the_scan_reads_literals_as_rust_does() {
 
 #[test]
 fn each_command_explains_an_unjudged_workload_with_its_own_flags() {
+    use gpu_guard_core::devices::UnresolvedClaim;
     use gpu_guard_core::guard::Unjudged;
-    use gpu_guard_core::policy::UnresolvedClaim;
 
     let commands = flags_by_command();
     let class = Unjudged::PriorityClass("batch-low".to_owned());

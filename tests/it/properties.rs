@@ -955,7 +955,7 @@ proptest! {
             &policy.devices,
             opted_in,
             "",
-            &gpu_guard_core::policy::NoDraFacts,
+            &gpu_guard_core::devices::NoDraFacts,
         )
         .targets;
         let failure_rules = outcome
@@ -1050,7 +1050,7 @@ proptest! {
                 .expect("a Job")
                 .expect("the general path succeeds");
             let text = serde_json::to_string(document).unwrap();
-            let fast = gpu_guard_core::mutate::object::mutate_job_json(&text, policy, &gpu_guard_core::policy::NoDraFacts)
+            let fast = gpu_guard_core::mutate::object::mutate_job_json(&text, policy, &gpu_guard_core::devices::NoDraFacts)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
             let skeleton = gpu_guard_core::mutate::job_view::decode(&text).unwrap().skeleton;
@@ -1413,7 +1413,8 @@ proptest! {
         kind in policy_kind(),
     ) {
         use gpu_guard_core::field::FieldPath;
-        use gpu_guard_core::api_rules::jobset::{JobSetSpec, check_jobset_spec};
+        use gpu_guard_core::api_rules::jobset::check_jobset_spec;
+use gpu_guard_core::jobset::JobSetSpec;
         let policy = kind.policy();
         let path = FieldPath::new(["spec"]);
         let spec: JobSetSpec = serde_json::from_value(raw["spec"].clone()).unwrap();
@@ -1485,7 +1486,7 @@ proptest! {
                 .expect("a JobSet kind")
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let text = serde_json::to_string(document).unwrap();
-            let fast = mutate_jobset_json(&text, mutable, policy, &gpu_guard_core::policy::NoDraFacts)
+            let fast = mutate_jobset_json(&text, mutable, policy, &gpu_guard_core::devices::NoDraFacts)
                 .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
             prop_assert_eq!(&fast.patch, &general.patch);
             prop_assert_eq!(fast.outcome.summary(), general.outcome.summary());

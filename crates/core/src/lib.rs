@@ -9,8 +9,10 @@
 //! |---|---|
 //! | [`wellknown`], [`field`], [`decode`] | every `gpu-guard.io/*` name; `FieldPath` and `Violation`; decoding errors in words |
 //! | [`kinds`] | every workload kind gpu-guard knows: API group, version, resource, mutated or judged, where its pod templates are |
+//! | [`jobset`] | the JobSet API types (a JobSet's spec, a Trainer runtime's JobSet template) |
 //! | [`api_rules`] | the API server's (and JobSet's webhook's) validation of what gpu-guard writes |
-//! | [`policy`] | the policy file: types, defaults, loading, validation, the device rule |
+//! | [`policy`] | the policy file: types, defaults, loading, validation |
+//! | [`devices`] | the one rule of "this container uses a device", and the DRA facts it reads |
 //! | [`mutate`] | the mutation engine and the JSON Patch derived from its result |
 //! | [`guard`] | the GPU-node guard: workload + cluster view -> allow, warn or deny |
 //! | [`health`] | the controller's verdicts on nodes and pods |
@@ -21,9 +23,13 @@ pub mod decode;
 pub mod field;
 pub mod kinds;
 
+pub mod jobset;
+
 pub mod api_rules;
 
 pub mod policy;
+
+pub mod devices;
 
 pub mod guard;
 pub mod mutate;

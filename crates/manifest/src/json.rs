@@ -52,9 +52,7 @@ pub fn read_json(text: &str) -> Result<Value, ReadError> {
             }
             None => ReadError {
                 line,
-                message: gpu_guard_core::decode::in_words(
-                    gpu_guard_core::decode::without_position(&error.to_string()),
-                ),
+                message: gpu_guard_core::decode::without_position(&error),
                 defined_at: None,
             },
         }

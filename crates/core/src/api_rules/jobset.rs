@@ -1,10 +1,10 @@
-//! The JobSet API as gpu-guard reads and writes it, and the rules JobSet's own admission webhook
-//! enforces on the parts gpu-guard writes, as a plain function, so that gpu-guard can prove it
-//! never emits a JobSet that JobSet's webhook (or the Job API, inside every template) rejects.
+//! The rules JobSet's own admission webhook enforces on the parts of a JobSet gpu-guard writes
+//! (its types are [`crate::jobset`]), as a plain function, so that gpu-guard can prove it never
+//! emits a JobSet that JobSet's webhook (or the Job API, inside every template) rejects.
 //!
 //! Read from kubernetes-sigs/jobset v0.12.0 (commit f22e565a):
-//! - types: `api/jobset/v1alpha2/jobset_types.go` (FailurePolicy L475-495, FailurePolicyRule
-//!   L437-473, actions L408-435, restart strategies L497-521, ReplicatedJob L320-354);
+//! - the enums: `api/jobset/v1alpha2/jobset_types.go` (actions L408-435, restart strategies
+//!   L497-521);
 //! - `pkg/webhooks/jobset_webhook.go`: `Default()` L111-161 (an empty pod `restartPolicy`
 //!   becomes `OnFailure`; an unnamed failure-policy rule is named `failurePolicyRule<index>`),
 //!   `ValidateCreate` L166-309 and `validateFailurePolicy` L425-494 (the messages below are
@@ -15,19 +15,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::batch::v1::{JobSpec, JobTemplateSpec};
-use serde::{Deserialize, Deserializer, Serialize};
+use k8s_openapi::api::batch::v1::JobSpec;
 
 use super::job::check_job_spec;
 use super::names;
 use crate::field::{FieldPath, Violation, quote};
-
-/// The API group of JobSet.
-pub const GROUP: &str = "jobset.x-k8s.io";
-/// `apiVersion` of the JobSets gpu-guard reads.
-pub const API_VERSION: &str = "jobset.x-k8s.io/v1alpha2";
-/// The label JobSet puts on its child Jobs (and their pods) naming the JobSet.
-pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
+use crate::jobset::{JobSetFailurePolicy, JobSetSpec, ReplicatedJob, default_rule_name};
 
 /// The Job failure reasons a failure-policy rule may name (`jobset_webhook.go` L85-91: the
 /// batch/v1 `JobReason*` constants).
@@ -54,90 +47,6 @@ pub const MAX_RULE_NAME_LENGTH: usize = 128;
 pub const IN_PLACE_RESTART_BACKOFF_LIMIT: i32 = i32::MAX;
 /// `RestartJob` actions allow at most this many replicas per replicated Job.
 pub const MAX_RESTART_JOB_REPLICAS: i32 = 1024;
-
-/// `spec` of a JobSet (and `spec.template.spec` of a Kubeflow Trainer runtime): the parts
-/// gpu-guard reads. Unknown fields are ignored when reading; gpu-guard's patches touch only the
-/// paths it owns, so they survive.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct JobSetSpec {
-    #[serde(deserialize_with = "null_as_default")]
-    pub replicated_jobs: Vec<ReplicatedJob>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure_policy: Option<FailurePolicy>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub suspend: Option<bool>,
-}
-
-/// One replicated Job: a Job template run `replicas` times.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct ReplicatedJob {
-    #[serde(deserialize_with = "null_as_default")]
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replicas: Option<i32>,
-    #[serde(deserialize_with = "null_as_default")]
-    pub template: JobTemplateSpec,
-}
-
-/// `spec.failurePolicy` of a JobSet.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct FailurePolicy {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_restarts: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub restart_strategy: Option<String>,
-    #[serde(
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_as_default"
-    )]
-    pub rules: Vec<FailurePolicyRule>,
-}
-
-/// One failure-policy rule: what the JobSet does when a child Job fails with one of the
-/// reasons (and, since JobSet v0.10, messages) it names.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct FailurePolicyRule {
-    #[serde(deserialize_with = "null_as_default")]
-    pub name: String,
-    #[serde(deserialize_with = "null_as_default")]
-    pub action: String,
-    #[serde(
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_as_default"
-    )]
-    pub on_job_failure_reasons: Vec<String>,
-    #[serde(
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_as_default"
-    )]
-    pub on_job_failure_message_patterns: Vec<String>,
-    #[serde(
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_as_default"
-    )]
-    pub target_replicated_jobs: Vec<String>,
-}
-
-/// A field given as `null` reads as absent. The API server prunes the null fields of a custom
-/// resource before defaulting unless its schema says `nullable` (Kubernetes CRD docs,
-/// "Defaulting and Nullable"; JobSet's CRD says it nowhere), so JobSet's webhook and
-/// controller never see them, and manifests written with an empty key (`rules:`) are accepted.
-fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
-}
-
-/// The name JobSet's defaulting webhook gives an unnamed rule at `index`.
-pub fn default_rule_name(index: usize) -> String {
-    format!("failurePolicyRule{index}")
-}
 
 /// Every violation of JobSet's webhook rules and of the Job API's rules (in every replicated
 /// Job's template) for a JobSet spec at `path` (`spec`, or `spec.template.spec` of a Trainer
@@ -296,7 +205,7 @@ fn check_in_place_restart(
 
 fn check_failure_policy(
     spec: &JobSetSpec,
-    policy: &FailurePolicy,
+    policy: &JobSetFailurePolicy,
     names: &HashSet<&str>,
     spec_path: &FieldPath,
     violations: &mut Vec<Violation>,

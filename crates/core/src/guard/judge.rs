@@ -6,7 +6,8 @@ use super::input::{GuardedKind, Metadata, PodSpecView, PodTemplateView, Workload
 use super::targets::targets;
 use super::verdict::{Allowed, NotSynced, Priority, PriorityViolation, Unjudged, Verdict};
 use super::view::ClusterView;
-use crate::policy::{DeviceResources, Guard};
+use crate::devices::DeviceResources;
+use crate::policy::Guard;
 
 /// Judges one workload of `kind` in `namespace` (the request's namespace: a Pod's metadata may
 /// not carry it yet). Each pod template is judged alone, with its own priority; the workload

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::verdict::{Priority, PriorityViolation, Unjudged};
-use crate::policy::UnresolvedClaim;
+use crate::devices::UnresolvedClaim;
 
 impl Unjudged {
     /// The full explanation, with what to do, for `gpu-guard check`: a class can be listed in

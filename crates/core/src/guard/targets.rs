@@ -8,7 +8,8 @@ use super::input::PodSpecView;
 use super::verdict::{NotSynced, Target};
 use super::view::{ClusterView, KnownNode};
 use crate::field::FieldPath;
-use crate::policy::{DeviceResources, DeviceUse, Guard, UnresolvedClaim};
+use crate::devices::{ContainerResources, DeviceResources, DeviceUse, UnresolvedClaim};
+use crate::policy::Guard;
 
 /// Every reason the pod spec at `spec_path` targets GPU nodes, in field order.
 #[allow(clippy::too_many_arguments)]
@@ -32,33 +33,24 @@ pub(super) fn targets(
                 continue;
             };
             let resources_path = || spec_path.child(list).index(index).child("resources");
-            // One reason per container is enough.
-            if let Some((field, resource)) = devices
-                .devices_in_with(
-                    resources.limits.as_ref(),
-                    resources.requests.as_ref(),
-                    view.dra(),
-                )
-                .next()
-            {
-                found.push(Target {
-                    path: resources_path().child(field).key(resource),
-                    what: format!("container {:?} uses the device {resource}", container.name),
-                    undo: format!("the {resource} request"),
-                    device: true,
-                });
-                continue;
-            }
-            if resources.claims.is_none() {
-                continue;
-            }
-            let claimed = devices.claimed_devices(
-                resources.claims.as_deref(),
+            let uses = devices.container_devices(
+                ContainerResources {
+                    limits: resources.limits.as_ref(),
+                    requests: resources.requests.as_ref(),
+                    claims: resources.claims.as_deref(),
+                },
                 spec.resource_claims.as_deref(),
                 namespace,
                 view.dra(),
             );
-            match claimed.devices.first() {
+            // One reason per container is enough.
+            match uses.devices.first() {
+                Some(DeviceUse::Resource { field, resource }) => found.push(Target {
+                    path: resources_path().child(*field).key(resource),
+                    what: format!("container {:?} uses the device {resource}", container.name),
+                    undo: format!("the {resource} request"),
+                    device: true,
+                }),
                 Some(DeviceUse::Claim {
                     index: at,
                     claim,
@@ -73,7 +65,7 @@ pub(super) fn targets(
                     undo: format!("the {claim} claim"),
                     device: true,
                 }),
-                _ => unresolved.extend(claimed.unresolved),
+                None => unresolved.extend(uses.unresolved),
             }
         }
     }

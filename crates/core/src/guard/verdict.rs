@@ -2,7 +2,8 @@
 //! violation found (its targets, its priority, its minimum).
 
 use crate::field::FieldPath;
-use crate::policy::{GuardMode, UnresolvedClaim};
+use crate::devices::UnresolvedClaim;
+use crate::policy::GuardMode;
 
 /// The guard's answer for one workload.
 #[derive(Clone, Debug, PartialEq, Eq)]

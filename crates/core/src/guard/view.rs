@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::policy::{DraFacts, DraObjects, Lookup, NoDraFacts, OfflineCluster};
+use crate::devices::{DraFacts, DraObjects, Lookup, NoDraFacts};
+use crate::policy::OfflineCluster;
 
 /// The built-in PriorityClasses every cluster has, known without one.
 pub const BUILT_IN_PRIORITY_CLASSES: [(&str, i32); 2] = [

@@ -23,7 +23,7 @@ use k8s_openapi::api::batch::v1::{
 use super::{Change, Draft, JobRole, workload::DeviceContainers};
 use crate::api_rules::job::{MAX_RULES, exit_codes_match};
 use crate::policy::{
-    ExistingPolicy, ExitCodeRule, FailurePolicySettings, OnFailureRestartPolicy,
+    ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, PodFailurePolicySettings,
     PodReplacementPolicy, RuleAction,
 };
 
@@ -31,7 +31,7 @@ use crate::policy::{
 pub(super) fn apply(
     draft: &mut Draft,
     devices: &DeviceContainers,
-    settings: &FailurePolicySettings,
+    settings: &PodFailurePolicySettings,
 ) {
     if !settings.enabled {
         return;
@@ -50,7 +50,7 @@ pub(super) fn apply(
 }
 
 /// A podFailurePolicy needs `restartPolicy: Never`.
-fn restart_policy_allows_injection(draft: &mut Draft, settings: &FailurePolicySettings) -> bool {
+fn restart_policy_allows_injection(draft: &mut Draft, settings: &PodFailurePolicySettings) -> bool {
     let restart_policy = draft
         .spec()
         .template
@@ -101,7 +101,11 @@ fn restart_policy_allows_injection(draft: &mut Draft, settings: &FailurePolicySe
     }
 }
 
-fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &FailurePolicySettings) {
+fn inject_rules(
+    draft: &mut Draft,
+    devices: &DeviceContainers,
+    settings: &PodFailurePolicySettings,
+) {
     if !devices.device_sidecars.is_empty() {
         draft.warn(format!(
             "native sidecar(s) {} use a device; exit-code rules never match sidecars",
@@ -150,7 +154,7 @@ fn inject_rules(draft: &mut Draft, devices: &DeviceContainers, settings: &Failur
 fn choose_rules(
     draft: &mut Draft,
     devices: &DeviceContainers,
-    settings: &FailurePolicySettings,
+    settings: &PodFailurePolicySettings,
     per_index: bool,
     kept: &[PodFailurePolicyRule],
 ) -> Option<Vec<PodFailurePolicyRule>> {
@@ -258,7 +262,7 @@ fn dedup(notes: Vec<String>) -> Vec<String> {
 /// The pod-condition rules the Job does not already handle (with the rule for the peers of a
 /// device failure in a gang Job: [`super::peers`]).
 fn condition_rules(
-    settings: &FailurePolicySettings,
+    settings: &PodFailurePolicySettings,
     draft: &Draft,
     kept: &[PodFailurePolicyRule],
     notes: &mut Vec<String>,
@@ -312,7 +316,7 @@ struct RuleShape {
 fn exit_code_rule(
     setting: &ExitCodeRule,
     container: Option<&str>,
-    settings: &FailurePolicySettings,
+    settings: &PodFailurePolicySettings,
     shape: RuleShape,
     kept: &[PodFailurePolicyRule],
     exclude: &BTreeSet<i32>,

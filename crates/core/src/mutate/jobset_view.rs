@@ -18,8 +18,8 @@ use serde_json::{Map, Value};
 
 use super::job_view::{RawMetadata, RawSpec, found_type, job_spec, metadata};
 use super::object::MutableKind;
-use crate::api_rules::jobset::{FailurePolicy, JobSetSpec, ReplicatedJob};
 use crate::decode::{self, JsonError};
+use crate::jobset::{JobSetFailurePolicy, JobSetSpec, ReplicatedJob};
 
 /// A raw JobSet (or Trainer runtime) as the JobSet engine sees it.
 #[derive(Debug)]
@@ -159,7 +159,7 @@ fn jobset_spec(
     }
     if let Some(policy) = raw.failure_policy {
         spec.failure_policy = Some(
-            decode::from_json_value::<FailurePolicy>(&policy)
+            decode::from_json_value::<JobSetFailurePolicy>(&policy)
                 .map_err(|error| error.under(&format!("{path}.failurePolicy")))?,
         );
         fields.insert("failurePolicy".to_owned(), policy);

@@ -56,8 +56,9 @@ pub use change::Change;
 pub use workload::{DeviceContainers, device_containers};
 
 use crate::api_rules;
-use crate::api_rules::jobset::{GROUP as JOBSET_GROUP, JOBSET_NAME_LABEL};
-use crate::policy::{DraFacts, NoDraFacts, Policy, RuleAction};
+use crate::devices::{DraFacts, NoDraFacts};
+use crate::jobset::{GROUP as JOBSET_GROUP, JOBSET_NAME_LABEL};
+use crate::policy::{Policy, RuleAction};
 use crate::wellknown::{INJECT_KEY, MUTATED_ANNOTATION, SKIP_ANNOTATION};
 
 /// Why a Job was not considered for mutation at all.

@@ -11,15 +11,16 @@ use serde_json::Value;
 use super::jobset::{JobSetOutcome, lacks_exactly_the_gang_part, mutate_jobset};
 use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use super::{job_view, jobset_view};
-use crate::api_rules::jobset::JobSetSpec;
 use crate::decode::{self, JsonError};
+use crate::devices::{DraFacts, NoDraFacts};
 use crate::field::FieldPath;
+use crate::jobset::JobSetSpec;
 use crate::kinds::{self, Kind, PodTemplates, WorkloadKind};
 use crate::mutate::{
     ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
     mutate_owned_job, template_as_job,
 };
-use crate::policy::{DraFacts, NoDraFacts, Policy};
+use crate::policy::Policy;
 use crate::wellknown::MUTATED_ANNOTATION;
 
 /// The kinds the engine mutates: those [`WorkloadKind::mutated`] in the kind registry, whose
@@ -441,7 +442,7 @@ fn part<T: serde::de::DeserializeOwned>(
     kind: MutableKind,
 ) -> Result<Option<T>, ObjectError> {
     // A null part is an absent one: the API server drops the null fields of a custom resource
-    // (see `rules::jobset::JobSetSpec`) and decodes a built-in type's null as its zero value.
+    // (see `jobset::JobSetSpec`) and decodes a built-in type's null as its zero value.
     raw.pointer(pointer)
         .filter(|value| !value.is_null())
         .map(decode::from_json_value)

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::batch::v1::Job;
 
 use super::{Change, Draft, JobRole};
-use crate::policy::{ConditionStatus, FailurePolicySettings, PodConditionRule};
+use crate::policy::{ConditionStatus, PodConditionRule, PodFailurePolicySettings};
 use crate::wellknown::{DEVICE_FAILURE_CONDITION, GANG_KEY, PEER_DEVICE_FAILURE_CONDITION};
 
 /// Whether the pods of a Job are a gang: the Job, or its pod template, says so with
@@ -58,7 +58,7 @@ pub fn is_gang(job: &Job) -> bool {
 /// `gangPeers` on) and the policy does not name the condition itself. No DeviceFailure rule, no
 /// peer rule: peers are treated as the device failure is.
 pub(super) fn condition_rules(
-    settings: &FailurePolicySettings,
+    settings: &PodFailurePolicySettings,
     gang: bool,
 ) -> Cow<'_, [PodConditionRule]> {
     let rules = &settings.pod_condition_rules;
@@ -85,7 +85,7 @@ pub(super) fn condition_rules(
 }
 
 /// Whether the engine treats the Job as a gang whose peers the controller marks.
-pub(super) fn applies(job: &Job, role: JobRole, settings: &FailurePolicySettings) -> bool {
+pub(super) fn applies(job: &Job, role: JobRole, settings: &PodFailurePolicySettings) -> bool {
     role == JobRole::Standalone && settings.gang_peers && is_gang(job)
 }
 

@@ -553,7 +553,7 @@ fn the_webhook_path_leaves_a_job_it_would_break_as_it_came() {
     raw["kind"] = json!("Job");
     let text = raw.to_string();
     let mutation =
-        object::mutate_job_json(&text, &Policy::default(), &crate::policy::NoDraFacts).unwrap();
+        object::mutate_job_json(&text, &Policy::default(), &crate::devices::NoDraFacts).unwrap();
     assert!(mutation.patch.is_empty());
     let outcome = mutation.outcome.job().expect("a Job");
     let input = job_view::decode(&text).unwrap().job;

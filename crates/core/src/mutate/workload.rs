@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-use crate::policy::{DeviceResources, DraFacts};
+use crate::devices::{ContainerResources, DeviceResources, DraFacts};
 
 /// The containers of a pod template that exit-code rules should name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -39,8 +39,12 @@ pub fn device_containers(
 ) -> DeviceContainers {
     let mut unresolved = Vec::new();
     let mut uses_device = |container: &Container| {
-        let found =
-            devices.container_devices(container, pod.resource_claims.as_deref(), namespace, facts);
+        let found = devices.container_devices(
+            ContainerResources::of(container),
+            pod.resource_claims.as_deref(),
+            namespace,
+            facts,
+        );
         unresolved.extend(found.unresolved.iter().map(|claim| {
             format!(
                 "{claim} of container {:?}: not counted as a device",
@@ -76,7 +80,7 @@ pub fn device_containers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::NoDraFacts;
+    use crate::devices::NoDraFacts;
     use serde_json::json;
 
     fn pod(value: serde_json::Value) -> PodSpec {

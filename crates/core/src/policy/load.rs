@@ -154,7 +154,7 @@ pub fn parse(source: &str, file: &str) -> Result<Policy, PolicyError> {
             None => PolicyProblem {
                 line,
                 column,
-                message: serde_message(&inner.to_string(), &field),
+                message: serde_message(source, &inner, &field),
                 field,
             },
         };
@@ -191,20 +191,29 @@ pub fn parse(source: &str, file: &str) -> Result<Policy, PolicyError> {
     ))
 }
 
-/// serde_norway's message for the problem at `field`, in words: serde_norway puts the field
-/// in front (`guard.mode: ...`) and appends ` at line L column C`, both reported separately, so
-/// both are dropped from the text.
-fn serde_message(message: &str, field: &str) -> String {
-    let message = match message.rfind(" at line ") {
-        Some(position) => &message[..position],
-        None => message,
-    };
-    let message = message
-        .strip_prefix(field)
-        .and_then(|rest| rest.strip_prefix(": "))
+/// The problem at `field` in words, from a second decode that keeps it in parts
+/// ([`decode::yaml_problem`]). When that one fails elsewhere (it should not), serde_norway's
+/// own message, without the field it puts in front and the position it appends: both are
+/// reported separately.
+fn serde_message(source: &str, error: &serde_norway::Error, field: &str) -> String {
+    let at = if field.is_empty() { "." } else { field };
+    if let Some((found_at, problem)) = decode::yaml_problem::<Policy>(source)
+        && found_at == at
+    {
+        return problem.to_string();
+    }
+    let message = error.to_string();
+    let position = error
+        .location()
+        .map(|l| format!(" at line {} column {}", l.line(), l.column()))
+        .unwrap_or_default();
+    let message = message.strip_suffix(&position).unwrap_or(&message);
+    let prefix = format!("{field}: ");
+    message
+        .strip_prefix(&prefix)
         .filter(|_| !field.is_empty())
-        .unwrap_or(message);
-    decode::in_words(message)
+        .unwrap_or(message)
+        .to_owned()
 }
 
 // === impl SourceTree ===

@@ -23,10 +23,7 @@ mod validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use devices::{
-    ClaimDevices, ClaimRequest, ContainerDevices, DeviceResources, DeviceUse, DraFacts, DraObjects,
-    IMPLICIT_EXTENDED_RESOURCE_PREFIX, Lookup, NoDraFacts, UnresolvedClaim,
-};
+pub use devices::DeviceResources;
 pub use guard::{
     ExemptWorkload, Exemptions, GpuNodeLabel, Guard, GuardMode, MinimumPriority, OfflineCluster,
     OfflinePriorityClass, TaintEffect,
@@ -99,7 +96,7 @@ impl Policy {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Mutation {
     /// The injected `spec.podFailurePolicy`.
-    pub pod_failure_policy: FailurePolicySettings,
+    pub pod_failure_policy: PodFailurePolicySettings,
     /// The window `spec.template.spec.terminationGracePeriodSeconds` is kept in.
     pub termination_grace_period: GraceWindow,
     /// Minimum `tolerationSeconds` for the node not-ready and unreachable taints.
@@ -192,7 +189,7 @@ impl Default for GangSettings {
 /// How the pod failure policy is built.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct FailurePolicySettings {
+pub struct PodFailurePolicySettings {
     /// Inject a podFailurePolicy at all.
     pub enabled: bool,
     /// What to do when the Job already has a podFailurePolicy.
@@ -219,7 +216,7 @@ pub struct FailurePolicySettings {
     pub gang_peers: bool,
 }
 
-impl Default for FailurePolicySettings {
+impl Default for PodFailurePolicySettings {
     fn default() -> Self {
         Self {
             enabled: true,

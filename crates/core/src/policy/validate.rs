@@ -33,10 +33,36 @@ const NEVER_RESTARTED_EXIT_CODES: [(i32, &str); 5] = [
     ),
 ];
 
+/// The problems of one section of a policy, each with its field.
+type Section = fn(&Policy) -> Vec<(FieldPath, String)>;
+
+/// Every problem of `policy`, section by section, in the order of the file.
 pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let sections: [Section; 10] = [
+        validate_header,
+        validate_devices,
+        validate_pod_condition_rules,
+        validate_exit_code_rules,
+        validate_rule_count,
+        validate_grace_period,
+        validate_readiness_tolerations,
+        validate_active_deadline,
+        validate_gang,
+        validate_restart_rules,
+    ];
+    let mut problems: Vec<_> = sections
+        .into_iter()
+        .flat_map(|section| section(policy))
+        .collect();
+    problems.extend(validate_guard(&policy.guard));
+    problems.extend(super::controller::validate_controller(&policy.controller));
+    problems
+}
+
+/// `apiVersion` and `kind`.
+fn validate_header(policy: &Policy) -> Vec<(FieldPath, String)> {
     let mut problems = Vec::new();
     let mut report = |path: FieldPath, message: String| problems.push((path, message));
-
     if policy.api_version != API_VERSION {
         report(
             FieldPath::new(["apiVersion"]),
@@ -49,7 +75,13 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             format!("must be {KIND:?}, found {:?}", policy.kind),
         );
     }
+    problems
+}
 
+/// `devices`: something listed, and every name, prefix, class and driver well-formed.
+fn validate_devices(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
     let devices = FieldPath::new(["devices"]);
     let listed = &policy.devices;
     if listed.names.is_empty()
@@ -129,7 +161,14 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             );
         }
     }
+    problems
+}
 
+/// `mutation.podFailurePolicy.podConditionRules`: valid condition types, no `FailIndex`, each
+/// condition matched once.
+fn validate_pod_condition_rules(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
     let settings = &policy.mutation.pod_failure_policy;
     let pfp = FieldPath::new(["mutation", "podFailurePolicy"]);
     for (index, rule) in settings.pod_condition_rules.iter().enumerate() {
@@ -171,7 +210,16 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             );
         }
     }
+    problems
+}
 
+/// `mutation.podFailurePolicy.exitCodeRules`: codes 1 to 255, each in one rule only, no
+/// `FailIndex`, and never `Ignore` for the codes of killed and shut-down containers.
+fn validate_exit_code_rules(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
+    let settings = &policy.mutation.pod_failure_policy;
+    let pfp = FieldPath::new(["mutation", "podFailurePolicy"]);
     // Which rule first named each exit code, to refuse a code in two rules.
     let mut owner: BTreeMap<i32, usize> = BTreeMap::new();
     for (index, rule) in settings.exit_code_rules.iter().enumerate() {
@@ -230,13 +278,21 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             }
         }
     }
+    problems
+}
 
+/// `mutation.podFailurePolicy` as a whole: the smallest policy it injects fits the API server's
+/// limit on rules.
+fn validate_rule_count(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
+    let settings = &policy.mutation.pod_failure_policy;
     // The smallest policy gpu-guard can inject: every condition rule plus one container-less
     // rule per exit-code rule (the fallback when per-container rules do not fit).
     let minimum_rules = settings.pod_condition_rules.len() + settings.exit_code_rules.len();
     if minimum_rules > MAX_RULES {
         report(
-            pfp.clone(),
+            FieldPath::new(["mutation", "podFailurePolicy"]),
             format!(
                 "the policy needs at least {minimum_rules} rules, more than the {MAX_RULES} the \
                  API server allows in a podFailurePolicy; merge exit-code rules with the same \
@@ -244,7 +300,13 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             ),
         );
     }
+    problems
+}
 
+/// `mutation.terminationGracePeriod`: a window from 0 up.
+fn validate_grace_period(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
     let grace = &policy.mutation.termination_grace_period;
     let grace_path = FieldPath::new(["mutation", "terminationGracePeriod"]);
     if grace.minimum_seconds < 0 {
@@ -262,7 +324,13 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             ),
         );
     }
+    problems
+}
 
+/// `mutation.nodeReadinessTolerations`: no negative seconds.
+fn validate_readiness_tolerations(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
     let tolerations = &policy.mutation.node_readiness_tolerations;
     let tolerations_path = FieldPath::new(["mutation", "nodeReadinessTolerations"]);
     for (field, value) in [
@@ -276,7 +344,13 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             );
         }
     }
+    problems
+}
 
+/// `mutation.activeDeadlineSeconds`: at least 1 when set.
+fn validate_active_deadline(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
     if let Some(deadline) = policy.mutation.active_deadline_seconds
         && deadline < 1
     {
@@ -285,6 +359,13 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             format!("must be at least 1 (or left out), found {deadline}"),
         );
     }
+    problems
+}
+
+/// `mutation.gang.deviceRestarts`: 1 to 1000.
+fn validate_gang(policy: &Policy) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let mut report = |path: FieldPath, message: String| problems.push((path, message));
     let restarts = policy.mutation.gang.device_restarts;
     if !(1..=1000).contains(&restarts) {
         report(
@@ -292,9 +373,6 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
             format!("must be between 1 and 1000, found {restarts}"),
         );
     }
-    problems.extend(validate_restart_rules(policy));
-    problems.extend(validate_guard(&policy.guard));
-    problems.extend(super::controller::validate_controller(&policy.controller));
     problems
 }
 

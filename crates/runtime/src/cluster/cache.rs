@@ -18,8 +18,8 @@ use tokio::task::AbortHandle;
 
 use super::rbac::{READ, RbacRule};
 use super::reflector::{CacheStatus, Reflected, Watch};
+use gpu_guard_core::devices::{ClaimDevices, DraFacts, Lookup};
 use gpu_guard_core::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
-use gpu_guard_core::policy::{ClaimDevices, DraFacts, Lookup};
 
 /// What the caches read, as RBAC rules. The installation's ClusterRole is generated from this.
 pub const RBAC_RULES: [RbacRule; 5] = [

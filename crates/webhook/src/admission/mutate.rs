@@ -8,12 +8,13 @@ use base64::Engine as _;
 use super::ReviewOutcome;
 use super::envelope::{IncomingRequest, Operation, Response, ReviewError};
 use gpu_guard_core::decode;
+use gpu_guard_core::devices::DraFacts;
 use gpu_guard_core::mutate::SkipReason;
 use gpu_guard_core::mutate::object::{
     MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_jobset_json,
     mutate_object_with, restore_object,
 };
-use gpu_guard_core::policy::{DraFacts, Policy};
+use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::MUTATED_ANNOTATION;
 use json_patch::Patch;
 use serde_json::Value;

@@ -580,11 +580,10 @@ pub fn dra_device_counts<'a>(
     slices: impl IntoIterator<Item = &'a ResourceSlice>,
     policy: &Policy,
 ) -> Vec<DeviceCount> {
-    let drivers = &policy.devices.drivers;
     let slices: Vec<&ResourceSlice> = slices
         .into_iter()
         .filter(|slice| slice.spec.node_name.as_deref() == Some(node))
-        .filter(|slice| drivers.contains(&slice.spec.driver))
+        .filter(|slice| policy.devices.is_device_driver(&slice.spec.driver))
         .collect();
     let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for slice in &slices {
@@ -709,7 +708,7 @@ pub fn unjudged_dra_hint<'a>(
     let drivers = nodes_by_driver
         .iter()
         .map(|(driver, nodes)| {
-            let listed = if policy.devices.drivers.iter().any(|known| known == driver) {
+            let listed = if policy.devices.is_device_driver(driver) {
                 "in devices.drivers, no device"
             } else {
                 "not in devices.drivers"

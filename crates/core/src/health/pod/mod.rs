@@ -226,7 +226,7 @@ impl PodFacts {
     ) -> Option<PodFacts> {
         let added: BTreeSet<String> = drivers
             .into_iter()
-            .filter(|driver| policy.devices.drivers.iter().any(|known| known == driver))
+            .filter(|driver| policy.devices.is_device_driver(driver))
             .map(dra_resource)
             .filter(|resource| !self.devices.contains(resource))
             .collect();
@@ -357,11 +357,7 @@ pub fn is_policy_dra_device(resource_id: &str, policy: &Policy) -> bool {
         return false;
     };
     let driver = head.strip_prefix("k8s.").unwrap_or(head);
-    policy
-        .devices
-        .drivers
-        .iter()
-        .any(|known| known == head || known == driver)
+    policy.devices.is_device_driver(head) || policy.devices.is_device_driver(driver)
 }
 
 /// Whether one of `tolerations` tolerates `taint` (as the scheduler matches them: an empty key

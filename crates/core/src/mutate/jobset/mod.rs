@@ -33,12 +33,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::{Change, ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_owned_job};
-use crate::api_rules::jobset::{
-    FailurePolicy, FailurePolicyRule, JobSetSpec, check_generated_names, check_jobset_spec,
-    default_rule_name,
-};
+use crate::api_rules::jobset::{check_generated_names, check_jobset_spec};
+use crate::devices::DraFacts;
 use crate::field::FieldPath;
-use crate::policy::DraFacts;
+use crate::jobset::{JobSetFailurePolicy, JobSetFailurePolicyRule, JobSetSpec, default_rule_name};
 use crate::policy::{ExistingPolicy, Policy, RuleAction};
 
 /// The prefix of every failure-policy rule gpu-guard adds (a valid JobSet rule name start).
@@ -54,7 +52,7 @@ pub struct JobSetOutcome {
     /// The Job engine's outcome for each replicated Job it changed, by index.
     pub replicated: Vec<(usize, Outcome)>,
     /// The new `failurePolicy`, when it changed.
-    pub failure_policy: Option<FailurePolicy>,
+    pub failure_policy: Option<JobSetFailurePolicy>,
     pub warnings: Vec<String>,
     pub skipped: Option<SkipReason>,
 }
@@ -232,7 +230,7 @@ fn gang_rules(
     mutated: &JobSetSpec,
     replicated: &[(usize, Outcome)],
     policy: &Policy,
-) -> Vec<FailurePolicyRule> {
+) -> Vec<JobSetFailurePolicyRule> {
     let mut groups: Vec<(Classified, Vec<String>)> = Vec::new();
     for (index, outcome) in replicated {
         let Some(rules) = outcome
@@ -268,7 +266,7 @@ fn gang_rules(
             if indices.is_empty() {
                 continue;
             }
-            rules.push(FailurePolicyRule {
+            rules.push(JobSetFailurePolicyRule {
                 name: format!("{RULE_PREFIX}{name}{suffix}"),
                 action: action.to_owned(),
                 on_job_failure_reasons: vec![POD_FAILURE_POLICY_REASON.to_owned()],
@@ -391,21 +389,21 @@ pub fn lacks_exactly_the_gang_part(old: &Value, new: Option<&Value>, policy: &Po
 /// The JobSet's failure policy with gpu-guard's rules in front and `maxRestarts` raised.
 fn merged_failure_policy(
     spec: &JobSetSpec,
-    gang_rules: Vec<FailurePolicyRule>,
+    gang_rules: Vec<JobSetFailurePolicyRule>,
     policy: &Policy,
     warnings: &mut Vec<String>,
-) -> FailurePolicy {
+) -> JobSetFailurePolicy {
     let budget = policy.mutation.gang.device_restarts;
     let Some(existing) = &spec.failure_policy else {
         // Without a failure policy any child failure failed the JobSet: keep that for every
         // failure gpu-guard's rules do not claim.
         let mut rules = gang_rules;
-        rules.push(FailurePolicyRule {
+        rules.push(JobSetFailurePolicyRule {
             name: format!("{RULE_PREFIX}OtherFailures"),
             action: "FailJobSet".to_owned(),
-            ..FailurePolicyRule::default()
+            ..JobSetFailurePolicyRule::default()
         });
-        return FailurePolicy {
+        return JobSetFailurePolicy {
             max_restarts: Some(budget),
             restart_strategy: None,
             rules,
@@ -443,7 +441,7 @@ fn merged_failure_policy(
              restarts, and is raised by {budget}"
         ));
     }
-    FailurePolicy {
+    JobSetFailurePolicy {
         max_restarts: Some(existing.max_restarts.unwrap_or(0).saturating_add(budget)),
         restart_strategy: existing.restart_strategy.clone(),
         rules,

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::policy::NoDraFacts;
+use crate::devices::NoDraFacts;
 use crate::policy::OnFailureRestartPolicy;
 use crate::wellknown::SKIP_ANNOTATION;
 
@@ -225,13 +225,13 @@ fn which_jobsets_are_left_alone() {
     let mut keep = Policy::embedded();
     keep.mutation.pod_failure_policy.existing_policy = ExistingPolicy::Keep;
     let mut with_rules = gpu.clone();
-    with_rules.failure_policy = Some(FailurePolicy {
-        rules: vec![FailurePolicyRule {
+    with_rules.failure_policy = Some(JobSetFailurePolicy {
+        rules: vec![JobSetFailurePolicyRule {
             name: "mine".to_owned(),
             action: "FailJobSet".to_owned(),
-            ..FailurePolicyRule::default()
+            ..JobSetFailurePolicyRule::default()
         }],
-        ..FailurePolicy::default()
+        ..JobSetFailurePolicy::default()
     });
     let kept = run(&with_rules, &keep);
     assert!(!kept.is_changed());

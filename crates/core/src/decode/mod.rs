@@ -1,10 +1,12 @@
 //! Decoding errors in the words of the person who wrote the input.
 //!
-//! serde's messages name Rust types: `invalid type: string "abc", expected i64`, `integer
-//! `99999999999999999999999` as u128`, `expected struct RawJob`. [`in_words`] says the same
-//! thing without them (`expected a whole number, found the string "abc"`), and [`JsonError`]
-//! adds the field the error is about (`spec.activeDeadlineSeconds`), found by decoding a second
-//! time with the path tracked, only after the first decode failed: the happy path pays nothing.
+//! serde's messages name Rust types: `invalid type: string "abc", expected i64`, `expected
+//! struct RawJob`. After a decode failed, and only then, the input is decoded once more with an
+//! error type of gpu-guard's own ([`Problem`], `node.rs`) that keeps what serde reports as
+//! parts: the value found, typed, and the term the type expected. [`JsonError`] says it in
+//! words (`expected a whole number, found the string "abc"`) with the field it is about
+//! (`spec.activeDeadlineSeconds`, from `serde_path_to_error`); no message text of serde's is
+//! taken apart. The happy path pays nothing.
 //! [`tab_message`] names a tab that YAML refuses, where the parser says "found character that
 //! cannot start any token".
 //!
@@ -14,6 +16,9 @@
 //! when it is shown. Nothing is looked up before an error, and nothing where no scope is set
 //! (the webhook, whose request bodies are JSON no one wrote by hand).
 
+mod node;
+mod problem;
+
 use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
@@ -21,13 +26,19 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, de::Error as _};
 
+use node::{Node, NodeDeserializer, Source};
+pub use problem::{Found, Problem};
+
 /// A JSON decoding error: serde_json's own (for its category and position) and, for an error
-/// in the data rather than the syntax, the field it is about. Its `Display` is for people:
-/// `spec.activeDeadlineSeconds: expected a whole number, found the string "abc"`.
+/// in the data rather than the syntax, the field it is about and the [`Problem`] in parts. Its
+/// `Display` is for people: `spec.activeDeadlineSeconds: expected a whole number, found the
+/// string "abc"`.
 #[derive(Debug)]
 pub struct JsonError {
     source: serde_json::Error,
     field: Option<String>,
+    /// The problem in parts, when the second decode found it at the same field.
+    problem: Option<Box<Problem>>,
     /// Where the decoded value was written, when a [`FieldLinesScope`] said so.
     lines: Option<ScopedLines>,
 }
@@ -88,9 +99,11 @@ impl Drop for FieldLinesScope {
 impl JsonError {
     /// An error of the decoded data that serde did not find (`found apiVersion "v1"`).
     pub fn custom(message: impl fmt::Display) -> Self {
+        let problem = Problem::Other(message.to_string());
         Self {
-            source: serde_json::Error::custom(message),
+            source: serde_json::Error::custom(&problem),
             field: None,
+            problem: Some(Box::new(problem)),
             lines: None,
         }
     }
@@ -130,15 +143,22 @@ impl JsonError {
         lines.lines.line_of(lines.item, self.field.as_deref()?)
     }
 
-    /// The message without the field.
+    /// The problem in parts, when it is known.
+    pub fn problem(&self) -> Option<&Problem> {
+        self.problem.as_deref()
+    }
+
+    /// The message without the field. A field says where; a position in a text the user may
+    /// never have seen (the CLI decodes values it re-serialised) would not, so the position is
+    /// said only for an error without a field.
     pub fn message(&self) -> String {
-        let text = self.source.to_string();
-        if self.field.is_some() {
-            // The field says where; a position in a text the user may never have seen (the
-            // CLI decodes values it re-serialised) would not.
-            in_words(without_position(&text))
-        } else {
-            in_words(&text)
+        let position = match self.field {
+            None => position_of(&self.source),
+            Some(_) => String::new(),
+        };
+        match &self.problem {
+            Some(problem) => format!("{problem}{position}"),
+            None => format!("{}{position}", without_position(&self.source)),
         }
     }
 }
@@ -163,9 +183,10 @@ impl std::error::Error for JsonError {
 pub fn from_json_str<'de, T: Deserialize<'de>>(json: &'de str) -> Result<T, JsonError> {
     serde_json::from_str(json).map_err(|source| {
         let mut tracked = serde_json::Deserializer::from_str(json);
-        with_field(
+        described::<T>(
             source,
             serde_path_to_error::deserialize::<_, T>(&mut tracked),
+            || serde_json::from_str(json).ok(),
         )
     })
 }
@@ -174,173 +195,96 @@ pub fn from_json_str<'de, T: Deserialize<'de>>(json: &'de str) -> Result<T, Json
 pub fn from_json_slice<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, JsonError> {
     serde_json::from_slice(json).map_err(|source| {
         let mut tracked = serde_json::Deserializer::from_slice(json);
-        with_field(
+        described::<T>(
             source,
             serde_path_to_error::deserialize::<_, T>(&mut tracked),
+            || serde_json::from_slice(json).ok(),
         )
     })
 }
 
 /// Decodes `T` from a JSON value; an error names its field.
 pub fn from_json_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, JsonError> {
-    T::deserialize(value)
-        .map_err(|source| with_field(source, serde_path_to_error::deserialize::<_, T>(value)))
+    T::deserialize(value).map_err(|source| {
+        described::<T>(
+            source,
+            serde_path_to_error::deserialize::<_, T>(value),
+            || Node::deserialize(value).ok(),
+        )
+    })
 }
 
 /// The first error, with the field the tracked second decode found (none when that one
-/// succeeded or failed at the root, or when the text is not JSON at all).
-fn with_field<T>(
+/// succeeded or failed at the root, or when the text is not JSON at all), and the problem in
+/// parts from a third decode of the same input read as a [`Node`], kept only when it failed
+/// at the same field.
+fn described<'de, T: Deserialize<'de>>(
     source: serde_json::Error,
     tracked: Result<T, serde_path_to_error::Error<serde_json::Error>>,
+    node: impl FnOnce() -> Option<Node>,
 ) -> JsonError {
-    let field = match tracked {
-        Err(error) if !source.is_syntax() && !source.is_eof() => {
-            Some(error.path().to_string()).filter(|path| path != ".")
-        }
-        _ => None,
+    if source.is_syntax() || source.is_eof() {
+        return JsonError {
+            source,
+            field: None,
+            problem: None,
+            lines: None,
+        };
+    }
+    let path = match tracked {
+        Err(error) => Some(error.path().to_string()),
+        Ok(_) => None,
     };
+    let problem = path.as_deref().and_then(|path| {
+        let (at, problem) = problem_in::<T>(&node()?, Source::Json)?;
+        (at == path).then(|| Box::new(problem))
+    });
+    let field = path.filter(|path| path != ".");
     // Only for an error of the data, found in a field: the text's lines have nothing to say
     // about a text that is not JSON.
     let lines = field.is_some().then(scoped_lines).flatten();
     JsonError {
         source,
         field,
+        problem,
         lines,
     }
 }
 
-/// serde_json's message without its ` at line L column C`.
-pub fn without_position(message: &str) -> &str {
-    match message.rfind(" at line ") {
-        Some(at) if message[at + 9..].contains(" column ") => &message[..at],
+/// Where decoding `T` from `node` fails (`.` at the root) and the problem, in parts.
+fn problem_in<'de, T: Deserialize<'de>>(node: &Node, source: Source) -> Option<(String, Problem)> {
+    match serde_path_to_error::deserialize::<_, T>(NodeDeserializer::new(node, source)) {
+        Ok(_) => None,
+        Err(error) => Some((error.path().to_string(), error.into_inner())),
+    }
+}
+
+/// Where decoding `T` from the first YAML document of `yaml` fails (its field, `.` at the
+/// root) and the problem, in parts; `None` when the text is not YAML or `T` decodes from it.
+/// For the error of a decode made straight from the YAML: use the problem when the fields
+/// agree.
+pub fn yaml_problem<T: DeserializeOwned>(yaml: &str) -> Option<(String, Problem)> {
+    let document = serde_norway::Deserializer::from_str(yaml).next()?;
+    problem_in::<T>(&Node::deserialize(document).ok()?, Source::Yaml)
+}
+
+/// serde_json's message without the ` at line L column C` it appends when it knows them.
+pub fn without_position(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    let position = position_of(error);
+    match message.strip_suffix(&position) {
+        Some(bare) if !position.is_empty() => bare.to_owned(),
         _ => message,
     }
 }
 
-/// A serde message with the Rust type names put in words: `invalid type: string "abc",
-/// expected i64` becomes `expected a whole number, found the string "abc"`; an integer out
-/// of its type's range gets the range; `unknown variant` becomes `unknown value`. A position
-/// suffix (` at line L column C`) is kept; other messages pass through.
-pub fn in_words(message: &str) -> String {
-    let body = without_position(message);
-    let position = &message[body.len()..];
-    let worded = body
-        .strip_prefix("invalid type: ")
-        .or_else(|| body.strip_prefix("invalid value: "))
-        .and_then(|rest| rest.rsplit_once(", expected "))
-        .map(|(found, expected)| {
-            let integer = found_integer(found);
-            format!(
-                "expected {}, found {}",
-                expected_in_words(expected, integer.is_some()),
-                integer.map_or_else(|| found_in_words(found), str::to_owned)
-            )
-        })
-        .or_else(|| {
-            // A derived struct also decodes from a list of its fields' values, and says so.
-            let (_, expected) = body
-                .strip_prefix("invalid length ")?
-                .split_once(", expected ")?;
-            (expected.starts_with("struct ") || expected.starts_with("tuple struct "))
-                .then(|| "expected a map, found a list".to_owned())
-        })
-        .or_else(|| {
-            body.strip_prefix("unknown variant ")
-                .map(|rest| format!("unknown value {rest}"))
-        })
-        .unwrap_or_else(|| body.to_owned());
-    format!("{worded}{position}")
-}
-
-/// The digits of an integer serde reports as found (`integer `5``, `integer `N` as u128`).
-fn found_integer(found: &str) -> Option<&str> {
-    let rest = found.strip_prefix("integer `")?;
-    let (digits, _) = rest.split_once('`')?;
-    Some(digits)
-}
-
-/// What serde says was expected, in words; `out_of_range`: an integer was found, so an
-/// integer type's range is what matters.
-fn expected_in_words(expected: &str, out_of_range: bool) -> String {
-    let range = |min: i128, max: u128| {
-        if out_of_range {
-            format!("a whole number from {min} to {max}")
-        } else {
-            "a whole number".to_owned()
-        }
-    };
-    match expected {
-        "i8" => range(i8::MIN.into(), 127),
-        "i16" => range(i16::MIN.into(), 32_767),
-        "i32" => range(i32::MIN.into(), 2_147_483_647),
-        "i64" | "isize" => range(i64::MIN.into(), 9_223_372_036_854_775_807),
-        "i128" => range(i128::MIN, i128::MAX.unsigned_abs()),
-        "u8" => range(0, u8::MAX.into()),
-        "u16" => range(0, u16::MAX.into()),
-        "u32" => range(0, u32::MAX.into()),
-        "u64" | "usize" => range(0, u64::MAX.into()),
-        "u128" => range(0, u128::MAX),
-        "f32" | "f64" => "a number".to_owned(),
-        "a sequence" => "a list".to_owned(),
-        "unit" => "null".to_owned(),
-        "option" => "a value".to_owned(),
-        "field identifier" => "a field name".to_owned(),
-        // serde_json's for an enum: the enums of gpu-guard's inputs are all names.
-        "variant identifier" | "string or map" => "a string".to_owned(),
-        "IntOrString" => "a whole number or a string".to_owned(),
-        "Quantity" => "a quantity (such as \"1\", \"500m\" or \"16Gi\")".to_owned(),
-        "Time" | "MicroTime" => "a time (RFC 3339, such as \"2026-01-02T15:04:05Z\")".to_owned(),
-        other => {
-            if other.starts_with("struct ") || other.starts_with("tuple struct ") {
-                "a map".to_owned()
-            } else if other.starts_with("enum ") {
-                "a string".to_owned()
-            } else if is_type_name(other) {
-                // k8s-openapi names its types as the API does (`JobSpec`, `ObjectMeta`).
-                format!("a map ({other})")
-            } else {
-                other.to_owned()
-            }
-        }
+/// The position serde_json appends to its messages (` at line L column C`), or nothing.
+fn position_of(error: &serde_json::Error) -> String {
+    if error.line() == 0 {
+        String::new()
+    } else {
+        format!(" at line {} column {}", error.line(), error.column())
     }
-}
-
-/// A single CamelCase word: a type name rather than a description.
-fn is_type_name(text: &str) -> bool {
-    text.starts_with(|c: char| c.is_ascii_uppercase())
-        && text.chars().all(|c| c.is_ascii_alphanumeric())
-}
-
-/// What serde says was found, in words.
-fn found_in_words(found: &str) -> String {
-    let quoted = |prefix: &str| {
-        found
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_prefix('`'))
-            .and_then(|rest| rest.strip_suffix('`'))
-            .map(str::to_owned)
-    };
-    if let Some(value) = quoted("floating point ").or_else(|| quoted("boolean ")) {
-        return value;
-    }
-    if let Some(character) = quoted("character ") {
-        return format!("the character {character:?}");
-    }
-    if let Some(string) = found.strip_prefix("string ") {
-        return format!("the string {string}");
-    }
-    match found {
-        "map" => "a map",
-        "sequence" => "a list",
-        "unit value" | "null" => "null",
-        "byte array" => "bytes",
-        "Option value" | "newtype struct" => "a value",
-        "enum" | "unit variant" | "newtype variant" | "tuple variant" | "struct variant" => {
-            "a tagged value"
-        }
-        other => other,
-    }
-    .to_owned()
 }
 
 /// When a YAML syntax error at 1-based `line` and `column` of `source` is a tab (at that
@@ -513,18 +457,86 @@ mod tests {
     }
 
     #[test]
-    fn yaml_messages_in_words() {
-        // serde_norway's forms: a 128-bit integer, and the type of a struct.
+    fn yaml_problems_in_words() {
+        let problem = |yaml: &str| {
+            yaml_problem::<Spec>(yaml).map(|(field, problem)| format!("{field}: {problem}"))
+        };
+        // Beyond 64 bits: serde's visitor says "integer"; the number is put back.
         assert_eq!(
-            in_words("invalid type: integer `99999999999999999999999` as u128, expected i32"),
-            "expected a whole number from -2147483648 to 2147483647, found \
-             99999999999999999999999"
+            problem("parallelism: 99999999999999999999999\n").as_deref(),
+            Some(
+                "parallelism: expected a whole number from -2147483648 to 2147483647, found \
+                 99999999999999999999999"
+            )
         );
         assert_eq!(
-            in_words("invalid type: integer `5`, expected struct Guard at line 1 column 8"),
-            "expected a map, found 5 at line 1 column 8"
+            problem("inner: 5\n").as_deref(),
+            Some("inner: expected a map, found 5")
         );
-        assert_eq!(in_words("missing field `name`"), "missing field `name`");
+        // A YAML scalar names an enum variant whatever it looks like.
+        assert_eq!(
+            problem("mode: 5\n").as_deref(),
+            Some("mode: unknown value `5`, expected `Enforce` or `Warn`")
+        );
+        assert_eq!(
+            problem("inner: {}\n").as_deref(),
+            Some("inner: missing field `flag`")
+        );
+        assert_eq!(problem("name: x\n"), None, "it decodes");
+        assert_eq!(problem("a: [\n"), None, "not YAML");
+    }
+
+    #[test]
+    fn the_fields_wording_is_its_own() {
+        let unknown = Problem::UnknownField {
+            field: "enabeld".to_owned(),
+            expected: &["enabled", "codes", "action"],
+        };
+        assert_eq!(
+            unknown.to_string(),
+            "unknown field `enabeld`, expected one of `enabled`, `codes`, `action`"
+        );
+        let nothing = Problem::UnknownVariant {
+            variant: "x".to_owned(),
+            expected: &[],
+        };
+        assert_eq!(
+            nothing.to_string(),
+            "unknown value `x`, there are no variants"
+        );
+        assert_eq!(
+            from_json_str::<Inner>(r#"{"flag": true, "flag": false}"#)
+                .unwrap_err()
+                .to_string(),
+            "duplicate field `flag` at line 1 column 21",
+            "an error at the root says where in the text"
+        );
+        assert_eq!(
+            from_json_value::<Inner>(&json!([]))
+                .unwrap_err()
+                .to_string(),
+            "expected a map, found a list"
+        );
+    }
+
+    #[test]
+    fn a_problem_the_second_decode_cannot_see_keeps_serdes_words() {
+        // A borrowed RawValue cannot be decoded from a Node: that decode fails at `object`,
+        // not where the first one did, so the first one's message is kept, without position.
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Envelope<'a> {
+            #[serde(borrow)]
+            object: &'a serde_json::value::RawValue,
+            uid: String,
+        }
+        let error = from_json_str::<Envelope>(r#"{"object": {}, "uid": 5}"#).unwrap_err();
+        assert_eq!(error.field(), Some("uid"));
+        assert_eq!(error.problem(), None);
+        assert_eq!(
+            error.to_string(),
+            "uid: invalid type: integer `5`, expected a string"
+        );
     }
 
     #[test]

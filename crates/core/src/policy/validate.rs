@@ -8,6 +8,7 @@ use crate::api_rules::names::{
     dns_label_errors, dns_subdomain_errors, label_value_errors, qualified_name_errors,
 };
 use crate::field::FieldPath;
+use crate::kinds::KINDS;
 use crate::wellknown::{POLICY_API_VERSION as API_VERSION, POLICY_KIND as KIND};
 
 /// The API server's limit on podFailurePolicy rules.
@@ -444,17 +445,13 @@ fn validate_restart_rules(policy: &Policy) -> Vec<(FieldPath, String)> {
     problems
 }
 
-/// The kinds an exempt workload can name.
-const WORKLOAD_KINDS: [&str; 8] = [
-    "Pod",
-    "Deployment",
-    "StatefulSet",
-    "DaemonSet",
-    "ReplicaSet",
-    "ReplicationController",
-    "Job",
-    "CronJob",
-];
+/// The kinds an exempt workload can name: the built-in kinds the guard judges.
+fn exemptible_kinds() -> impl Iterator<Item = &'static str> {
+    KINDS
+        .iter()
+        .filter(|kind| kind.built_in && kind.guarded)
+        .map(|kind| kind.kind)
+}
 
 fn validate_guard(guard: &Guard) -> Vec<(FieldPath, String)> {
     let mut problems = Vec::new();
@@ -499,13 +496,13 @@ fn validate_guard(guard: &Guard) -> Vec<(FieldPath, String)> {
             );
         }
         if let Some(kind) = &workload.kind
-            && !WORKLOAD_KINDS.contains(&kind.as_str())
+            && !exemptible_kinds().any(|known| known == kind)
         {
             report(
                 path.child("kind"),
                 format!(
                     "{kind:?} is not a kind the guard judges; use one of {}",
-                    WORKLOAD_KINDS.join(", ")
+                    exemptible_kinds().collect::<Vec<_>>().join(", ")
                 ),
             );
         }
@@ -618,6 +615,31 @@ mod tests {
     #[test]
     fn the_defaults_are_valid() {
         assert!(validate(&Policy::default()).is_empty());
+    }
+
+    /// An exemption names a kind the guard judges (read from the kind registry); anything else
+    /// is refused with the list to choose from.
+    #[test]
+    fn an_exempt_workload_names_a_kind_the_guard_judges() {
+        let mut policy = Policy::default();
+        for kind in ["DaemonSet", "Pod", "CronJob", "Deployment"] {
+            policy.guard.exemptions.workloads = vec![crate::policy::ExemptWorkload {
+                namespace: "gpu-operator".to_owned(),
+                name: "agent".to_owned(),
+                kind: Some(kind.to_owned()),
+            }];
+            assert!(fields(&policy).is_empty(), "{kind} is judged");
+        }
+        policy.guard.exemptions.workloads[0].kind = Some("Daemonset".to_owned());
+        let problems = validate(&policy);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let (path, message) = &problems[0];
+        assert_eq!(path.to_string(), "guard.exemptions.workloads[0].kind");
+        assert_eq!(
+            message,
+            "\"Daemonset\" is not a kind the guard judges; use one of Pod, \
+             ReplicationController, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob"
+        );
     }
 
     #[test]

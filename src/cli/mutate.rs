@@ -13,6 +13,7 @@ use super::tally::{self, Tally};
 use super::{Log, exit};
 use gpu_guard_core::devices::DraFacts;
 use gpu_guard_core::guard::{ClusterView, Layered, StaticView};
+use gpu_guard_core::kinds::KINDS;
 use gpu_guard_core::mutate::{SkipReason, object, other_kinds};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Document, DocumentWriter, Format};
@@ -327,11 +328,16 @@ impl Run<'_, '_> {
                 other.why
             ));
         } else if tally::carries_pod_template(value) && !tally::is_core_workload(value) {
+            let mutated: Vec<&str> = KINDS
+                .iter()
+                .filter(|kind| kind.mutated)
+                .map(|kind| kind.kind)
+                .collect();
             self.log.warning(&format!(
                 "{name}: gpu-guard does not mutate {api_kind}, although it carries pod \
                  templates: its pods get no podFailurePolicy for device failures (supported: \
-                 Job, CronJob, JobSet, TrainingRuntime, ClusterTrainingRuntime; \
-                 docs/mutation.md#what-is-not-handled)"
+                 {}; docs/mutation.md#what-is-not-handled)",
+                mutated.join(", ")
             ));
         }
     }

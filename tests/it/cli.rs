@@ -2218,6 +2218,26 @@ fn the_kinds_of_other_operators_and_trainjobs_are_told_what_protects_them() {
     );
 }
 
+/// A kind of another operator that gpu-guard does not know, carrying a pod template: the warning
+/// names every kind gpu-guard does mutate (the kind registry's), so the user knows what would work.
+#[test]
+fn an_unknown_kind_with_pod_templates_is_told_which_kinds_are_mutated() {
+    let input = "apiVersion: batch.example.com/v1\nkind: GpuBatch\nmetadata:\n  name: nightly\n\
+                 spec:\n  template:\n    spec:\n      containers:\n      - name: train\n\
+                 \x20       image: train:1\n";
+    let out = run(gpu_guard().args(["mutate", "-f", "-"]).write_stdin(input)).expect_code(0);
+    assert!(
+        out.stderr.contains(
+            "gpu-guard does not mutate batch.example.com/v1 GpuBatch, although it carries pod \
+             templates: its pods get no podFailurePolicy for device failures (supported: Job, \
+             CronJob, JobSet, TrainingRuntime, ClusterTrainingRuntime; \
+             docs/mutation.md#what-is-not-handled)"
+        ),
+        "{}",
+        out.stderr
+    );
+}
+
 /// The exit-code contract of docs/cli.md#exit-status: 0 nothing to report, 1 findings, 2 a
 /// usage or input error, for every command.
 #[test]

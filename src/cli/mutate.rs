@@ -253,7 +253,7 @@ impl Run<'_, '_> {
     fn mutate_object(&mut self, value: &mut Value, location: &str) {
         let name = object_name(value, location);
         let kind = tally::kind_of(value).to_owned();
-        let Some(result) = object::mutate_object_with(value, self.policy, self.dra) else {
+        let Some(result) = object::mutate_object(value, self.policy, self.dra) else {
             self.not_handled(value, &name);
             self.tally.add("not handled", &kind);
             return;
@@ -366,7 +366,7 @@ impl KnownRuntime {
                 .unwrap_or_default()
                 .to_owned()
         };
-        let status = match object::mutate_object_with(value, policy, dra)? {
+        let status = match object::mutate_object(value, policy, dra)? {
             Err(error) => format!("{NOT_PROTECTED}: {error}"),
             Ok(mutation) => match mutation.outcome.skipped() {
                 Some(SkipReason::NotDeviceWorkload) => format!(

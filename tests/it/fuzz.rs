@@ -18,6 +18,7 @@ use std::sync::LazyLock;
 
 use gpu_guard_core::guard::StaticView;
 use gpu_guard_core::mutate::object;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Format, InputError};
 use gpu_guard_webhook::admission::{self, Webhook};
@@ -37,7 +38,7 @@ static POLICY: LazyLock<Policy> = LazyLock::new(Policy::embedded);
 fn process(documents: &[manifest::Document]) {
     let view = StaticView::default();
     for object in manifest::objects(documents) {
-        if let Some(Ok(mutation)) = object::mutate_object(&object.value, &POLICY) {
+        if let Some(Ok(mutation)) = object::mutate_object(&object.value, &POLICY, &NoDraFacts) {
             let _ = gpu_guard_core::mutate::patch::apply(&object.value, &mutation.patch);
         }
         let _ = manifest::render(std::slice::from_ref(&object.value), Format::Yaml);

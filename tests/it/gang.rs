@@ -8,6 +8,7 @@ use gpu_guard_core::field::FieldPath;
 use gpu_guard_core::guard::StaticView;
 use gpu_guard_core::jobset::JobSetSpec;
 use gpu_guard_core::mutate::patch;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::MUTATED_ANNOTATION;
 use gpu_guard_webhook::admission::{ReviewOutcome, Reviewed, Webhook, review};
@@ -240,9 +241,10 @@ fn warnings(reviewed: &Reviewed) -> Vec<String> {
 
 /// The engine's whole warnings for a JobSet object (the CLI prints them uncut).
 fn full_warnings(jobset: &Value) -> Vec<String> {
-    let mutation = gpu_guard_core::mutate::object::mutate_object(jobset, &Policy::embedded())
-        .expect("a JobSet")
-        .expect("it decodes");
+    let mutation =
+        gpu_guard_core::mutate::object::mutate_object(jobset, &Policy::embedded(), &NoDraFacts)
+            .expect("a JobSet")
+            .expect("it decodes");
     mutation.outcome.warnings().to_vec()
 }
 

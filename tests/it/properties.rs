@@ -22,10 +22,13 @@ use gpu_guard_core::mutate::object::{MutableKind, mutate_object};
 use gpu_guard_core::mutate::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use gpu_guard_core::mutate::pod_settings::{NOT_READY_TAINT, UNREACHABLE_TAINT};
 use gpu_guard_core::mutate::{Change, Outcome, mutate_job};
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::{
-    ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, PodReplacementPolicy, Policy, RuleAction,
+    ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, PodReplacementPolicy, Policy,
+    RuleAction,
 };
 use gpu_guard_core::wellknown::MUTATED_ANNOTATION;
+use gpu_guard_webhook::admission::MAX_WARNING_CHARS;
 use json_patch::PatchOperation;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Toleration;
@@ -814,7 +817,7 @@ proptest! {
             prop_assert_eq!(&outcome.job, &input.0);
         }
         let raw = serde_json::to_value(&input.0).expect("a Job serializes");
-        let mutation = mutate_object(&raw, kind.policy())
+        let mutation = mutate_object(&raw, kind.policy(), &NoDraFacts)
             .expect("a Job is mutable")
             .expect("a generated Job decodes");
         let patched = patch::apply(&raw, &mutation.patch).expect("the patch applies");
@@ -1031,11 +1034,12 @@ proptest! {
         prop_assert_eq!(&diffed, &expected);
     }
 
-    /// 4b. The webhook's fast path (typed decode from the JSON text, operations derived and
-    /// checked against the raw object's skeleton) sends exactly the patch the general path
-    /// derives from the whole raw object, with or without explicit nulls.
+    /// 4b. The webhook sends exactly the patch and the warnings the CLI's path
+    /// ([`mutate_object`] on the object as a `Value`) gives, with or without explicit nulls:
+    /// the AdmissionReview around the object, its text borrowed from the body and decoded
+    /// there, changes nothing.
     #[test]
-    fn the_fast_path_sends_the_same_patch_as_the_general_path(
+    fn the_webhook_sends_the_same_patch_as_the_cli_path(
         input in job(),
         kind in policy_kind(),
         nulls in prop::collection::vec(any::<bool>(), NULLABLE.len()),
@@ -1046,18 +1050,7 @@ proptest! {
         raw["kind"] = json!("Job");
         let (nulled, _) = with_nulls(&raw, &nulls);
         for document in [&raw, &nulled] {
-            let general = gpu_guard_core::mutate::object::mutate_object(document, policy)
-                .expect("a Job")
-                .expect("the general path succeeds");
-            let text = serde_json::to_string(document).unwrap();
-            let fast = gpu_guard_core::mutate::object::mutate_job_json(&text, policy, &gpu_guard_core::devices::NoDraFacts)
-                .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
-            prop_assert_eq!(&fast.patch, &general.patch);
-            let skeleton = gpu_guard_core::mutate::job_view::decode(&text).unwrap().skeleton;
-            prop_assert_eq!(
-                patch::operations(&general.outcome.job().expect("a Job").changes, &skeleton, JOB_ROOT),
-                general.patch.clone()
-            );
+            prop_assert_eq!(webhook_answer(document, policy)?, cli_answer(document, policy)?);
         }
     }
 
@@ -1097,7 +1090,7 @@ proptest! {
             Value::Object(rule.clone())
         });
 
-        let mutation = mutate_object(&raw, policy)
+        let mutation = mutate_object(&raw, policy, &NoDraFacts)
             .expect("a batch/v1 Job is mutable")
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(mutation.kind, MutableKind::Job);
@@ -1168,7 +1161,7 @@ proptest! {
                 "jobTemplate": {"metadata": job_value["metadata"], "spec": job_value["spec"]},
             },
         });
-        let mutation = mutate_object(&raw, policy)
+        let mutation = mutate_object(&raw, policy, &NoDraFacts)
             .expect("a batch/v1 CronJob is mutable")
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(mutation.kind, MutableKind::CronJob);
@@ -1419,7 +1412,7 @@ use gpu_guard_core::jobset::JobSetSpec;
         let path = FieldPath::new(["spec"]);
         let spec: JobSetSpec = serde_json::from_value(raw["spec"].clone()).unwrap();
         let valid_before = check_jobset_spec(&spec, &path).is_empty();
-        let mutation = mutate_object(&raw, policy)
+        let mutation = mutate_object(&raw, policy, &NoDraFacts)
             .expect("a JobSet is mutable")
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let patched = patch::apply(&raw, &mutation.patch).expect("the patch applies");
@@ -1428,7 +1421,7 @@ use gpu_guard_core::jobset::JobSetSpec;
             let violations = check_jobset_spec(&after, &path);
             prop_assert!(violations.is_empty(), "{violations:?}");
         }
-        let again = mutate_object(&patched, policy).unwrap().unwrap();
+        let again = mutate_object(&patched, policy, &NoDraFacts).unwrap().unwrap();
         prop_assert!(again.patch.is_empty(), "second pass: {:?}", again.patch);
         for op in mutation.patch.iter() {
             let target = op.path().to_string();
@@ -1451,18 +1444,16 @@ use gpu_guard_core::jobset::JobSetSpec;
             prop_assert!(kept, "the JobSet's own rule and its unknown field survive");
         }
     }
-    /// The webhook's JobSet fast path (typed decode of what the engine reads from the JSON
-    /// text, operations derived and checked against the skeleton) sends exactly the patch the
-    /// general path derives from the whole object: for a JobSet, and for a Trainer runtime
-    /// whose `spec.template.spec` is the same JobSet spec, with explicit nulls or without.
+    /// The webhook sends exactly the patch and the warnings the CLI's path gives for a
+    /// JobSet, and for a Trainer runtime whose `spec.template.spec` is the same JobSet spec,
+    /// with explicit nulls or without.
     #[test]
-    fn the_jobset_fast_path_sends_the_same_patch_as_the_general_path(
+    fn the_webhook_sends_the_same_jobset_patch_as_the_cli_path(
         raw in jobset(),
         kind in policy_kind(),
         null_policy in any::<bool>(),
         null_annotations in any::<bool>(),
     ) {
-        use gpu_guard_core::mutate::object::{MutableKind, mutate_jobset_json};
         let policy = kind.policy();
         let mut jobset = raw.clone();
         if null_policy && jobset["spec"].get("failurePolicy").is_none() {
@@ -1478,86 +1469,72 @@ use gpu_guard_core::jobset::JobSetSpec;
             "metadata": jobset["metadata"],
             "spec": {"mlPolicy": {"numNodes": 2}, "template": {"spec": jobset["spec"]}}
         });
-        for (document, mutable) in [
-            (&jobset, MutableKind::JobSet),
-            (&runtime, MutableKind::ClusterTrainingRuntime),
-        ] {
-            let general = mutate_object(document, policy)
-                .expect("a JobSet kind")
-                .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let text = serde_json::to_string(document).unwrap();
-            let fast = mutate_jobset_json(&text, mutable, policy, &gpu_guard_core::devices::NoDraFacts)
-                .map_err(|e| TestCaseError::fail(format!("fast path on {text}: {e}")))?;
-            prop_assert_eq!(&fast.patch, &general.patch);
-            prop_assert_eq!(fast.outcome.summary(), general.outcome.summary());
-            prop_assert_eq!(fast.outcome.warnings(), general.outcome.warnings());
+        for document in [&jobset, &runtime] {
+            prop_assert_eq!(webhook_answer(document, policy)?, cli_answer(document, policy)?);
         }
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The patch check
+/// What a mutating webhook answers: the JSON Patch (none when empty) and the warnings.
+type Answer = (Option<Value>, Vec<String>);
 
-/// A small JSON document: objects under the keys `a`, `b` and `a/b`, arrays, scalars.
-fn document() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![Just(Value::Null), Just(json!(1)), Just(json!("s"))];
-    leaf.prop_recursive(4, 24, 4, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::btree_map(prop::sample::select(vec!["a", "b", "a/b"]), inner, 0..3)
-                .prop_map(|fields| {
-                    Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
-                }),
-        ]
-    })
+/// The webhook's answer to the CREATE of `object`, read from its AdmissionReview response.
+fn webhook_answer(object: &Value, policy: &Policy) -> Result<Answer, TestCaseError> {
+    use base64::Engine as _;
+    use gpu_guard_webhook::admission::{Webhook, review};
+
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u", "operation": "CREATE", "namespace": "ns",
+            "kind": {"group": group, "version": version, "kind": object["kind"]},
+            "object": object,
+        }
+    });
+    let view = gpu_guard_core::guard::StaticView::default();
+    let reviewed = review(Webhook::Mutate, body.to_string().as_bytes(), policy, &view)
+        .map_err(|e| TestCaseError::fail(format!("the webhook refused {object}: {e}")))?;
+    let sent: Value = serde_json::from_slice(&reviewed.body).unwrap();
+    let response = &sent["response"];
+    prop_assert_eq!(&response["allowed"], &json!(true));
+    let patch = response["patch"].as_str().map(|patch| {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    });
+    let warnings = response["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|warning| warning.as_str().unwrap().to_owned())
+        .collect();
+    Ok((patch, warnings))
 }
 
-/// A JSON Pointer of 0-4 tokens, each a key (some escaped, some absent) or an index (some
-/// past the end, some with a leading zero or a sign, which RFC 6901 does not allow), or `-`.
-fn pointer() -> impl Strategy<Value = String> {
-    let token = prop::sample::select(vec!["a", "b", "a~1b", "c", "0", "1", "3", "01", "+1", "-"]);
-    prop::collection::vec(token, 0..5).prop_map(|tokens| {
-        tokens
-            .iter()
-            .map(|token| format!("/{token}"))
-            .collect::<String>()
-    })
-}
-
-fn operation() -> impl Strategy<Value = PatchOperation> {
-    let value = prop_oneof![Just(json!({})), Just(json!([])), Just(json!(7))];
-    let op = prop::sample::select(vec!["add", "add", "remove", "replace"]);
-    (op, pointer(), value).prop_map(|(op, path, value)| {
-        serde_json::from_value(json!({"op": op, "path": path, "value": value}))
-            .expect("a valid operation")
-    })
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases() * 4))]
-
-    /// The webhook's check that a patch applies (on a skeleton of the object, with the added
-    /// values' shapes only) judges as applying the whole patch with json-patch does, naming the
-    /// same operation when it fails; patches of `add` only (what gpu-guard builds) and patches
-    /// with `remove` and `replace` alike (not `test`, which compares values the check does not
-    /// keep).
-    #[test]
-    fn the_patch_check_judges_as_json_patch_does(
-        document in document(),
-        operations in prop::collection::vec(operation(), 1..4),
-        adds_only in any::<bool>(),
-    ) {
-        let operations: Vec<PatchOperation> = operations
-            .into_iter()
-            .filter(|op| !adds_only || matches!(op, PatchOperation::Add(_)))
-            .collect();
-        let patch = json_patch::Patch(operations);
-        let checked = patch::check_applies(&document, &patch);
-        let applied = patch::apply(&document, &patch);
-        prop_assert_eq!(
-            checked.as_ref().err().map(|error| error.operation),
-            applied.as_ref().err().map(|error| error.operation),
-            "check: {:?}, apply: {:?}", checked, applied
-        );
-    }
+/// What the CLI's path decides for `object`, as the webhook would send it.
+fn cli_answer(object: &Value, policy: &Policy) -> Result<Answer, TestCaseError> {
+    let mutation = mutate_object(object, policy, &NoDraFacts)
+        .expect("a kind the engine mutates")
+        .map_err(|e| TestCaseError::fail(format!("the CLI's path on {object}: {e}")))?;
+    let patch =
+        (!mutation.patch.is_empty()).then(|| serde_json::to_value(&mutation.patch).unwrap());
+    let warnings = mutation
+        .outcome
+        .warnings()
+        .iter()
+        .map(|warning| {
+            let sent = format!("gpu-guard: {warning}");
+            // Cut to the API server's limit, as the webhook cuts it.
+            if sent.chars().count() <= MAX_WARNING_CHARS {
+                return sent;
+            }
+            let mut cut: String = sent.chars().take(MAX_WARNING_CHARS - 1).collect();
+            cut.push('…');
+            cut
+        })
+        .collect();
+    Ok((patch, warnings))
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use gpu_guard_core::mutate::object::mutate_object;
 use gpu_guard_core::mutate::patch;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_webhook::server::tls::{CertificateFiles, GeneratedPair, generate_self_signed};
 use gpu_guard_webhook::server::{
@@ -177,7 +178,7 @@ async fn every_fixture_gets_the_engines_answer_over_https() {
         assert_eq!(answer["allowed"], true, "{name}");
         let object = &review["request"]["object"];
         let expected = (webhook == "mutate" && review["request"]["operation"] == "CREATE")
-            .then(|| mutate_object(object, &Policy::embedded()))
+            .then(|| mutate_object(object, &Policy::embedded(), &NoDraFacts))
             .flatten()
             .map(|m| m.unwrap().patch)
             .filter(|p| !p.is_empty());
@@ -289,7 +290,10 @@ async fn the_in_place_restart_profile_adds_restart_rules_over_https() {
         assert_eq!(device["values"], json!([74, 75, 138]));
         let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(patched).unwrap();
         assert_eq!(gpu_guard_core::api_rules::job::check_job(&job), Vec::new());
-        let expected = mutate_object(object, &profile).unwrap().unwrap().patch;
+        let expected = mutate_object(object, &profile, &NoDraFacts)
+            .unwrap()
+            .unwrap()
+            .patch;
         assert_eq!(sent, expected, "the server sends the engine's patch");
     }
     running.shutdown().await;

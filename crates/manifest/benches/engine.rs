@@ -18,6 +18,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gpu_guard_core::mutate::mutate_job;
 use gpu_guard_core::mutate::object;
 use gpu_guard_core::mutate::patch;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Format};
 use k8s_openapi::api::batch::v1::Job;
@@ -60,7 +61,7 @@ fn typed_job(file: &str) -> Job {
 /// What `gpu-guard mutate` does with one document (without the `List` recursion): run the
 /// engine on the raw object and apply its patch; every other kind passes through.
 fn mutate_like_the_cli(value: Value, policy: &Policy) -> Value {
-    match object::mutate_object(&value, policy) {
+    match object::mutate_object(&value, policy, &NoDraFacts) {
         Some(Ok(mutation)) if !mutation.patch.is_empty() => {
             patch::apply(&value, &mutation.patch).expect("the engine's patch applies")
         }
@@ -90,14 +91,14 @@ fn engine(c: &mut Criterion) {
 fn raw_object(c: &mut Criterion) {
     let policy = Policy::embedded();
     let raw = admission_object("001-Job-CREATE-mutate.json");
-    let mutation = object::mutate_object(&raw, &policy)
+    let mutation = object::mutate_object(&raw, &policy, &NoDraFacts)
         .expect("a Job is mutable")
         .expect("the fixture decodes");
     assert!(!mutation.patch.is_empty(), "the engine patches the Job");
 
     let mut group = c.benchmark_group("object");
     group.bench_function("plain", |b| {
-        b.iter(|| object::mutate_object(black_box(&raw), black_box(&policy)));
+        b.iter(|| object::mutate_object(black_box(&raw), black_box(&policy), &NoDraFacts));
     });
     group.finish();
 }

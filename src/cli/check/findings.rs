@@ -299,7 +299,7 @@ pub fn check(
                 finding.minimum = Some(violation.minimum);
             }
         }
-        match object::mutate_object_with(value, policy, view.dra()) {
+        match object::mutate_object(value, policy, view.dra()) {
             Some(Ok(mutation)) if !mutation.patch.is_empty() => {
                 finding.mutation = Some(mutation.outcome.summary());
             }

@@ -36,14 +36,13 @@
 
 mod change;
 mod failure_policy;
-pub mod job_view;
 pub mod jobset;
-pub mod jobset_view;
 pub mod object;
 pub mod other_kinds;
 pub mod patch;
 pub mod peers;
 pub mod pod_settings;
+pub mod reads;
 mod restart_rules;
 mod workload;
 
@@ -243,18 +242,13 @@ impl<'a> ClusterFacts<'a> {
 
 /// Decides and applies everything the policy asks for on one Job, with no DRA objects known
 /// (a Job that claims GPUs through DRA is then not seen as a device Job: see
-/// [`mutate_job_with`]).
+/// [`mutate_job_as`]).
 pub fn mutate_job(job: &Job, policy: &Policy) -> Outcome {
-    mutate_job_with(job, policy, &NoDraFacts)
-}
-
-/// [`mutate_job`] with the DRA objects `dra` knows.
-pub fn mutate_job_with(job: &Job, policy: &Policy, dra: &dyn DraFacts) -> Outcome {
     mutate_job_as(
         job,
         policy,
         JobRole::Standalone,
-        ClusterFacts::of(&job.metadata, dra),
+        ClusterFacts::of(&job.metadata, &NoDraFacts),
     )
 }
 
@@ -269,7 +263,7 @@ pub fn mutate_job_as(
 }
 
 /// [`mutate_job_as`] on a Job the caller gives up, so that the engine drafts on it without a
-/// copy (the webhook's request path). `original` makes the Job as it came once more, for the
+/// copy (a Job decoded for the engine alone). `original` makes the Job as it came once more, for the
 /// rare result the API server would reject: the engine then returns the input, with the
 /// input's own verdict in the warning.
 pub(crate) fn mutate_owned_job(
@@ -370,21 +364,6 @@ pub(crate) fn mutate_owned_job(
         change_notes: draft.change_notes,
         skipped: None,
     }
-}
-
-/// [`mutate_job`] for the `jobTemplate` of a CronJob: the template is treated as the Job it
-/// will create, so its changes apply under `spec.jobTemplate`.
-pub fn mutate_job_template(
-    template: &JobTemplateSpec,
-    policy: &Policy,
-    facts: ClusterFacts<'_>,
-) -> Outcome {
-    mutate_job_as(
-        &template_as_job(template),
-        policy,
-        JobRole::Standalone,
-        facts,
-    )
 }
 
 /// The Job a CronJob's `jobTemplate` describes (its metadata and spec).

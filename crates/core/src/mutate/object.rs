@@ -1,7 +1,9 @@
 //! A raw Kubernetes object (as JSON) through the engine: decode the typed Job (or a CronJob's
-//! `jobTemplate`, or a JobSet spec), run [`mutate_job`] (or [`mutate_jobset`]), and derive the
-//! JSON Patch for the raw object. Shared by the CLI and the webhook, so both produce the same
-//! bytes for the same input.
+//! `jobTemplate`, or a JobSet spec), run [`mutate_job`](super::mutate_job) (or
+//! [`mutate_jobset`]), and derive the JSON Patch for the raw object. The CLI and the webhook
+//! both call [`mutate_object`], so both produce the same bytes for the same input: the CLI on
+//! the whole object, the webhook on the fields of it that the engines read
+//! ([`reads`](super::reads), their one list).
 
 use json_patch::Patch;
 use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
@@ -10,15 +12,14 @@ use serde_json::Value;
 
 use super::jobset::{JobSetOutcome, lacks_exactly_the_gang_part, mutate_jobset};
 use super::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
-use super::{job_view, jobset_view};
 use crate::decode::{self, JsonError};
-use crate::devices::{DraFacts, NoDraFacts};
+use crate::devices::DraFacts;
 use crate::field::FieldPath;
 use crate::jobset::JobSetSpec;
 use crate::kinds::{self, Kind, PodTemplates, WorkloadKind};
 use crate::mutate::{
-    ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_template, mutate_job_with,
-    mutate_owned_job, template_as_job,
+    ClusterFacts, JobRole, Outcome, SkipReason, is_skipped, mutate_job_as, mutate_owned_job,
+    template_as_job,
 };
 use crate::policy::Policy;
 use crate::wellknown::MUTATED_ANNOTATION;
@@ -144,20 +145,46 @@ pub enum ObjectError {
     PatchDoesNotApply(#[from] patch::DoesNotApply),
 }
 
-/// Runs the engine on a raw object of a [`MutableKind`], with no DRA objects known. Returns
-/// `None` for every other kind.
-pub fn mutate_object(raw: &Value, policy: &Policy) -> Option<Result<ObjectMutation, ObjectError>> {
-    mutate_object_with(raw, policy, &NoDraFacts)
-}
-
-/// [`mutate_object`] with the DRA objects `dra` knows (to tell whether a claim is a device).
-pub fn mutate_object_with(
+/// Runs the engine on a raw object of a [`MutableKind`], with the DRA objects `dra` knows (to
+/// tell whether a claim is a device). Returns `None` for every other kind.
+pub fn mutate_object(
     raw: &Value,
     policy: &Policy,
     dra: &dyn DraFacts,
 ) -> Option<Result<ObjectMutation, ObjectError>> {
     let kind = MutableKind::of(raw)?;
     Some(mutate_known(raw, kind, policy, dra))
+}
+
+/// What an object says it is, as serde reads it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypeMeta {
+    api_version: Option<String>,
+    kind: Option<String>,
+}
+
+/// Checks that `raw` says it is a `kind` (the webhook is told the kind by the request, and an
+/// object that disagrees is not mutated): the error says what was found.
+pub fn expect_kind(raw: &Value, kind: MutableKind) -> Result<(), ObjectError> {
+    let decode_error = |source| ObjectError::Decode {
+        kind: kind.api_name(),
+        source,
+    };
+    if MutableKind::of(raw) == Some(kind) {
+        return Ok(());
+    }
+    let found: TypeMeta = decode::from_json_value(raw).map_err(decode_error)?;
+    let say = |name: &str, value: Option<&str>| match value {
+        Some(value) => format!("{name} {value:?}"),
+        None => format!("no {name}"),
+    };
+    // The error says what was expected (`does not decode as a batch/v1 Job`).
+    Err(decode_error(JsonError::custom(format!(
+        "found {} and {}",
+        say("apiVersion", found.api_version.as_deref()),
+        say("kind", found.kind.as_deref())
+    ))))
 }
 
 fn mutate_known(
@@ -168,12 +195,24 @@ fn mutate_known(
 ) -> Result<ObjectMutation, ObjectError> {
     let (outcome, patch) = match kind {
         MutableKind::Job => {
-            let job =
+            let decode_job = || {
                 decode::from_json_value::<Job>(raw).map_err(|source| ObjectError::Decode {
                     kind: kind.api_name(),
                     source,
-                })?;
-            let outcome = mutate_job_with(&job, policy, dra);
+                })
+            };
+            let job = decode_job()?;
+            let namespace = job.metadata.namespace.clone().unwrap_or_default();
+            let facts = ClusterFacts {
+                namespace: &namespace,
+                dra,
+            };
+            // The engine drafts on the decoded Job itself; the input is decoded once more only
+            // when the result would be rejected (the decode cannot fail then: it just
+            // succeeded).
+            let outcome = mutate_owned_job(job, policy, JobRole::Standalone, facts, || {
+                decode_job().unwrap_or_default()
+            });
             let patch = patch::operations(&outcome.changes, raw, JOB_ROOT);
             (ObjectOutcome::Job(Box::new(outcome)), patch)
         }
@@ -184,7 +223,13 @@ fn mutate_known(
             let outcome = if is_skipped(&metadata) {
                 Outcome::skipped(template_as_job(&template), SkipReason::SkipAnnotation)
             } else {
-                mutate_job_template(&template, policy, ClusterFacts::of(&metadata, dra))
+                let facts = ClusterFacts::of(&metadata, dra);
+                mutate_job_as(
+                    &template_as_job(&template),
+                    policy,
+                    JobRole::Standalone,
+                    facts,
+                )
             };
             let patch = patch::operations(&outcome.changes, raw, CRON_JOB_TEMPLATE_ROOT);
             (ObjectOutcome::Job(Box::new(outcome)), patch)
@@ -349,66 +394,8 @@ fn restore_known(
     })
 }
 
-/// The webhook's fast path for a Job given as JSON text: decodes only what the engine reads
-/// ([`job_view`]) and derives and checks the patch against the raw object's skeleton, so no
-/// `serde_json::Value` of the whole object, and no typed copy of what the engine ignores, is
-/// built. The outcome's Job has only the fields the engine reads.
-pub fn mutate_job_json(
-    raw: &str,
-    policy: &Policy,
-    dra: &dyn DraFacts,
-) -> Result<ObjectMutation, ObjectError> {
-    let view = job_view::decode(raw).map_err(|source| ObjectError::Decode {
-        kind: MutableKind::Job.api_name(),
-        source,
-    })?;
-    let namespace = view.job.metadata.namespace.clone().unwrap_or_default();
-    let facts = ClusterFacts {
-        namespace: &namespace,
-        dra,
-    };
-    // The engine drafts on the decoded Job itself; the input is decoded once more only when
-    // the result would be rejected (the decode cannot fail then: it just succeeded).
-    let outcome = mutate_owned_job(view.job, policy, JobRole::Standalone, facts, || {
-        job_view::decode(raw)
-            .map(|view| view.job)
-            .unwrap_or_default()
-    });
-    let patch = patch::operations(&outcome.changes, &view.skeleton, JOB_ROOT);
-    if !patch.is_empty() {
-        patch::check_applies(&view.skeleton, &patch)?;
-    }
-    Ok(ObjectMutation {
-        kind: MutableKind::Job,
-        outcome: ObjectOutcome::Job(Box::new(outcome)),
-        patch,
-    })
-}
-
-/// The webhook's fast path for a JobSet or a Trainer runtime given as JSON text, as
-/// [`mutate_job_json`] is for a Job ([`jobset_view`]).
-pub fn mutate_jobset_json(
-    raw: &str,
-    kind: MutableKind,
-    policy: &Policy,
-    dra: &dyn DraFacts,
-) -> Result<ObjectMutation, ObjectError> {
-    let view = jobset_view::decode(raw, kind).map_err(|source| ObjectError::Decode {
-        kind: kind.api_name(),
-        source,
-    })?;
-    jobset_mutation(
-        kind,
-        &view.metadata,
-        &view.spec,
-        &view.skeleton,
-        policy,
-        dra,
-    )
-}
-
 /// The JobSet engine on the spec of an object of a JobSet `kind`, with the patch derived from
-/// and checked against `raw` (the whole object, or its skeleton).
+/// and checked against `raw`.
 fn jobset_mutation(
     kind: MutableKind,
     metadata: &ObjectMeta,

@@ -541,9 +541,9 @@ fn a_result_the_api_server_would_reject_is_never_returned() {
 }
 
 #[test]
-fn the_webhook_path_leaves_a_job_it_would_break_as_it_came() {
-    // The webhook's path hands the decoded Job to the engine without a copy; a result the API
-    // server would reject still comes back as the input, with the same warnings.
+fn the_object_path_leaves_a_job_it_would_break_as_it_came() {
+    // The raw object's path hands the decoded Job to the engine without a copy; a result the
+    // API server would reject still comes back as the input, with the same warnings.
     let broken = gpu_job(
         json!({}),
         json!({"podFailurePolicy": {"rules": [exit_rule("main", "FailJob", &[42, 2])]}}),
@@ -551,17 +551,16 @@ fn the_webhook_path_leaves_a_job_it_would_break_as_it_came() {
     let mut raw = serde_json::to_value(&broken).unwrap();
     raw["apiVersion"] = json!("batch/v1");
     raw["kind"] = json!("Job");
-    let text = raw.to_string();
-    let mutation =
-        object::mutate_job_json(&text, &Policy::default(), &crate::devices::NoDraFacts).unwrap();
+    let mutation = object::mutate_object(&raw, &Policy::default(), &crate::devices::NoDraFacts)
+        .expect("a Job")
+        .unwrap();
     assert!(mutation.patch.is_empty());
     let outcome = mutation.outcome.job().expect("a Job");
-    let input = job_view::decode(&text).unwrap().job;
-    assert_eq!(outcome.job, input);
+    assert_eq!(outcome.job, broken);
     assert!(!outcome.is_changed());
     assert_eq!(
         outcome.warnings,
-        mutate_job(&input, &Policy::default()).warnings
+        mutate_job(&broken, &Policy::default()).warnings
     );
     assert!(
         outcome

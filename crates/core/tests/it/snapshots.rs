@@ -7,6 +7,7 @@ use gpu_guard_core::api_rules::jobset::check_jobset_spec;
 use gpu_guard_core::field::FieldPath;
 use gpu_guard_core::mutate::object::{MutableKind, mutate_object};
 use gpu_guard_core::mutate::patch;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use serde_json::{Value, json};
@@ -39,7 +40,7 @@ fn every_job_and_cronjob_fixture_is_mutated_into_a_valid_object() {
             continue;
         }
         let raw = &request["object"];
-        let Some(result) = mutate_object(raw, &policy) else {
+        let Some(result) = mutate_object(raw, &policy, &NoDraFacts) else {
             assert_eq!(
                 request["kind"]["kind"], "Pod",
                 "{name}: only Pods are passed over"
@@ -70,7 +71,9 @@ fn every_job_and_cronjob_fixture_is_mutated_into_a_valid_object() {
         assert_eq!(violations, vec![], "{name}");
 
         // The webhook may be called again (reinvocationPolicy: IfNeeded): no second patch.
-        let again = mutate_object(&patched, &policy).unwrap().unwrap();
+        let again = mutate_object(&patched, &policy, &NoDraFacts)
+            .unwrap()
+            .unwrap();
         assert!(
             again.patch.is_empty(),
             "{name}: second pass patched {:?}",

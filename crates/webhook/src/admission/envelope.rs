@@ -1,7 +1,11 @@
-//! The AdmissionReview envelope: what gpu-guard reads of a request (the object stays JSON
-//! text, found by one pass over the bytes), the typed operation, the response it writes, and
-//! why a body is refused.
+//! The AdmissionReview envelope: what gpu-guard reads of a request (the objects stay JSON
+//! text, borrowed from the body by serde_json), the typed operation, the response it writes,
+//! and why a body is refused.
 
+use std::cell::Cell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -88,8 +92,8 @@ impl Operation {
     }
 }
 
-/// The parts of an AdmissionReview gpu-guard reads. The object stays JSON text (borrowed from
-/// the body): the engine decodes the typed Job from it directly.
+/// The parts of an AdmissionReview gpu-guard reads. The objects stay JSON text (borrowed from
+/// the body): each is decoded once, by the webhook that reads it, and only when it does.
 #[derive(Deserialize)]
 #[serde(expecting = "an AdmissionReview")]
 pub(super) struct IncomingReview<'a> {
@@ -133,8 +137,8 @@ pub struct GroupVersionKind {
     pub kind: String,
 }
 
-/// Checks what every request must have in the decoded envelope (the body, or the body without
-/// its object): a supported apiVersion, the kind, a request with a uid.
+/// Checks what every request must have in the decoded envelope: a supported apiVersion, the
+/// kind, a request with a uid.
 pub(super) fn parse(
     decoded: Result<IncomingReview<'_>, JsonError>,
 ) -> Result<IncomingReview<'_>, ReviewError> {
@@ -206,106 +210,99 @@ pub(super) fn encode(api_version: &str, mut response: Response) -> Vec<u8> {
     .expect("an AdmissionReview serializes")
 }
 
-/// What one pass over the body finds: whether it nests too deep, and where the value of
-/// `request.object` is when it is a JSON object.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct BodyScan {
-    pub(super) too_deep: bool,
-    pub(super) object: Option<std::ops::Range<usize>>,
+/// Whether `body` nests arrays and objects deeper than `limit` levels anywhere, the parts
+/// gpu-guard never reads included: serde_json skips those without a depth limit (safely, but
+/// it would accept them). The body is walked by serde_json itself, its own recursion limit
+/// replaced by `limit`; a body that is not JSON is not judged here (the envelope's parse says
+/// what is wrong with it).
+pub(super) fn nests_deeper_than(body: &[u8], limit: usize) -> bool {
+    let too_deep = Cell::new(false);
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    // The walk stops `limit` levels down, so the stack it uses stays bounded.
+    deserializer.disable_recursion_limit();
+    let walk = Nesting {
+        depth: 0,
+        limit,
+        too_deep: &too_deep,
+    };
+    let _ = walk.deserialize(&mut deserializer);
+    too_deep.get()
 }
 
-/// One pass over JSON text at memchr speed: measures nesting (brackets inside strings do not
-/// count) and finds the byte range of `request.object`, so that the envelope can be parsed
-/// without it and the object decoded once. Not a validator: anything unexpected (a key
-/// spelt with escapes, `object` twice, malformed text) leaves `object` unset and the caller
-/// parses the whole body with serde instead.
-pub(super) fn scan_body(text: &[u8], limit: usize) -> BodyScan {
-    #[derive(Clone, Copy, PartialEq)]
-    enum Frame {
-        Array,
-        /// An object; `true` while the next string is a key.
-        Object(bool),
-    }
-    let mut frames: Vec<Frame> = Vec::with_capacity(16);
-    let mut last_key: (usize, usize) = (0, 0);
-    let mut request_depth = None;
-    let mut object_start = None;
-    let mut found = None;
-    let mut object_keys = 0;
-    let mut at = 0;
-    while let Some(&byte) = text.get(at) {
-        at += 1;
-        match byte {
-            b'"' => {
-                let start = at;
-                loop {
-                    // `at` can be past the end after an escape at the very end of the text.
-                    let rest = text.get(at..).unwrap_or_default();
-                    let Some(offset) = memchr::memchr2(b'"', b'\\', rest) else {
-                        return BodyScan::default();
-                    };
-                    at += offset + 1;
-                    if text[at - 1] == b'"' {
-                        break;
-                    }
-                    at += 1; // the escaped character
-                }
-                if let Some(Frame::Object(expect_key @ true)) = frames.last_mut() {
-                    *expect_key = false;
-                    last_key = (start, at - 1);
-                }
-            }
-            b':' => {
-                let key = &text[last_key.0..last_key.1];
-                let depth = frames.len();
-                if depth == 1 && key == b"request" {
-                    request_depth = Some(2);
-                } else if Some(depth) == request_depth && key == b"object" {
-                    object_keys += 1;
-                    let value = text[at..].iter().position(|b| !b.is_ascii_whitespace());
-                    if let Some(start) = value.map(|offset| at + offset)
-                        && text[start] == b'{'
-                    {
-                        object_start = Some(start);
-                    }
-                }
-            }
-            b',' => {
-                if let Some(Frame::Object(expect_key)) = frames.last_mut() {
-                    *expect_key = true;
-                }
-            }
-            b'[' | b'{' => {
-                frames.push(if byte == b'{' {
-                    Frame::Object(true)
-                } else {
-                    Frame::Array
-                });
-                if frames.len() > limit {
-                    return BodyScan {
-                        too_deep: true,
-                        object: None,
-                    };
-                }
-            }
-            b']' | b'}' => {
-                frames.pop();
-                if byte == b'}'
-                    && request_depth.is_some_and(|depth| frames.len() == depth)
-                    && let Some(start) = object_start.take()
-                {
-                    found = Some(start..at);
-                }
-                if request_depth.is_some_and(|depth| frames.len() < depth) {
-                    request_depth = None;
-                }
-            }
-            _ => {}
+/// One value of a walk over a JSON text, `depth` levels down: each array and object in it is
+/// walked in turn; one more than `limit` levels down ends the walk, with `too_deep` set.
+#[derive(Clone, Copy)]
+struct Nesting<'c> {
+    depth: usize,
+    limit: usize,
+    too_deep: &'c Cell<bool>,
+}
+
+impl Nesting<'_> {
+    /// The walk one level further down, into an array or object.
+    fn enter<E: de::Error>(self) -> Result<Self, E> {
+        if self.depth >= self.limit {
+            self.too_deep.set(true);
+            return Err(E::custom("nested too deep"));
         }
+        Ok(Self {
+            depth: self.depth + 1,
+            ..self
+        })
     }
-    BodyScan {
-        too_deep: false,
-        object: if object_keys == 1 { found } else { None },
+}
+
+impl<'de> DeserializeSeed<'de> for Nesting<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> de::Visitor<'de> for Nesting<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        let inner = self.enter()?;
+        while items.next_element_seed(inner)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<(), A::Error> {
+        let inner = self.enter()?;
+        while fields.next_key::<IgnoredAny>()?.is_some() {
+            fields.next_value_seed(inner)?;
+        }
+        Ok(())
     }
 }
 
@@ -325,38 +322,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nesting_is_measured_outside_strings() {
-        assert!(!scan_body(br#"{"a": [[1], {"b": "[[[[[["}]}"#, 3).too_deep);
-        assert!(scan_body(br#"{"a": [[[1]]]}"#, 3).too_deep);
-        assert!(!scan_body(br#"{"a": "\"[[[[[[["}"#, 1).too_deep);
-    }
-
-    #[test]
-    fn the_scan_finds_request_object_or_leaves_it_to_serde() {
-        let found = |text: &str| {
-            scan_body(text.as_bytes(), MAX_DEPTH)
-                .object
-                .map(|range| text[range].to_owned())
-        };
-        let object = r#"{"kind": "Job", "spec": {"x": "}{\"", "object": {"a": [1]}}}"#;
-        let body = format!(
-            r#"{{"kind": "AdmissionReview", "request": {{"uid": "u", "object" : {object}, "oldObject": null}}}}"#
-        );
-        assert_eq!(found(&body).as_deref(), Some(object));
-        // Not at request level, null, twice, escaped key, truncated: left to serde.
-        assert_eq!(
-            found(r#"{"object": {"a": 1}, "request": {"uid": "u"}}"#),
-            None
-        );
-        assert_eq!(found(r#"{"request": {"object": null}}"#), None);
-        assert_eq!(found(r#"{"request": {"object": {}, "object": {}}}"#), None);
-        assert_eq!(
-            found(r#"{"request": {"object": null, "object": {}}}"#),
-            None
-        );
-        assert_eq!(found(r#"{"request": {"obj\u0065ct": {}}}"#), None);
-        assert_eq!(found(r#"{"request": {"object": {"a": "#), None);
-        assert_eq!(found(r#"{"request": {"nested": {"object": {}}}}"#), None);
+    fn nesting_is_measured_outside_strings_and_in_every_part() {
+        let deep = |text: &str, limit| nests_deeper_than(text.as_bytes(), limit);
+        assert!(!deep(r#"{"a": [[1], {"b": "[[[[[["}]}"#, 3));
+        assert!(deep(r#"{"a": [[[1]]]}"#, 3));
+        assert!(!deep(r#"{"a": [[[1]]]}"#, 4));
+        assert!(!deep(r#"{"a": "\"[[[[[[["}"#, 1));
+        assert!(deep(r#"{"request": {"object": {"x": [{}]}}}"#, 4));
+        // Not JSON before the nesting: left to the envelope's parse.
+        assert!(!deep(r#"{"a": x [[[[[[["#, 3));
+        let limit = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(!deep(&limit, MAX_DEPTH));
+        assert!(deep(&format!("[{limit}]"), MAX_DEPTH));
+        assert!(deep(&"[".repeat(1_000_000), MAX_DEPTH));
     }
 
     #[test]

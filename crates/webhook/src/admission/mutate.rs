@@ -9,11 +9,10 @@ use super::ReviewOutcome;
 use super::envelope::{IncomingRequest, Operation, Response, ReviewError};
 use gpu_guard_core::decode;
 use gpu_guard_core::devices::DraFacts;
-use gpu_guard_core::mutate::SkipReason;
 use gpu_guard_core::mutate::object::{
-    MutableKind, ObjectError, ObjectMutation, mutate_job_json, mutate_jobset_json,
-    mutate_object_with, restore_object,
+    MutableKind, ObjectError, ObjectMutation, expect_kind, mutate_object, restore_object,
 };
+use gpu_guard_core::mutate::{SkipReason, reads};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::MUTATED_ANNOTATION;
 use json_patch::Patch;
@@ -140,28 +139,28 @@ fn restore(
     }
 }
 
-/// A Job, a JobSet and a Trainer runtime go through their fast paths (no `Value` of the whole
-/// object); a CronJob, rare at admission, through the general one.
+/// The object through the engine as the CLI runs it ([`mutate_object`]), on the fields of it
+/// that the engines read ([`reads`]). A Job, JobSet or Trainer runtime whose own apiVersion
+/// and kind are not the request's is not mutated, with an error saying what it is.
 fn mutate_raw(
     kind: MutableKind,
     object: &str,
     policy: &Policy,
     dra: &dyn DraFacts,
 ) -> Option<Result<ObjectMutation, ObjectError>> {
-    match kind {
-        MutableKind::Job => return Some(mutate_job_json(object, policy, dra)),
-        MutableKind::JobSet
-        | MutableKind::TrainingRuntime
-        | MutableKind::ClusterTrainingRuntime => {
-            return Some(mutate_jobset_json(object, kind, policy, dra));
+    let value = match reads::decode(object, kind) {
+        Ok(value) => value,
+        Err(source) => {
+            return Some(Err(ObjectError::Decode {
+                kind: kind.api_name(),
+                source,
+            }));
         }
-        MutableKind::CronJob => {}
+    };
+    if kind != MutableKind::CronJob
+        && let Err(error) = expect_kind(&value, kind)
+    {
+        return Some(Err(error));
     }
-    match decode::from_json_str(object) {
-        Ok(value) => mutate_object_with(&value, policy, dra),
-        Err(source) => Some(Err(ObjectError::Decode {
-            kind: kind.api_name(),
-            source,
-        })),
-    }
+    mutate_object(&value, policy, dra)
 }

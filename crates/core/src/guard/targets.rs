@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement};
 use super::input::PodSpecView;
 use super::verdict::{NotSynced, Target};
 use super::view::{ClusterView, KnownNode};
-use crate::field::FieldPath;
 use crate::devices::{ContainerResources, DeviceResources, DeviceUse, UnresolvedClaim};
+use crate::field::FieldPath;
 use crate::policy::Guard;
 
 /// Every reason the pod spec at `spec_path` targets GPU nodes, in field order.

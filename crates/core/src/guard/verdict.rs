@@ -1,8 +1,8 @@
 //! The guard's answer and what it carries: a [`Verdict`], why a workload is allowed, and what a
 //! violation found (its targets, its priority, its minimum).
 
-use crate::field::FieldPath;
 use crate::devices::UnresolvedClaim;
+use crate::field::FieldPath;
 use crate::policy::GuardMode;
 
 /// The guard's answer for one workload.

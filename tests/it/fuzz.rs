@@ -16,9 +16,9 @@
 use std::path::Path;
 use std::sync::LazyLock;
 
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::guard::StaticView;
 use gpu_guard_core::mutate::object;
-use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Format, InputError};
 use gpu_guard_webhook::admission::{self, Webhook};

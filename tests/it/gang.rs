@@ -4,11 +4,11 @@
 
 use base64::Engine as _;
 use gpu_guard_core::api_rules::jobset::check_jobset_spec;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::field::FieldPath;
 use gpu_guard_core::guard::StaticView;
 use gpu_guard_core::jobset::JobSetSpec;
 use gpu_guard_core::mutate::patch;
-use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::MUTATED_ANNOTATION;
 use gpu_guard_webhook::admission::{ReviewOutcome, Reviewed, Webhook, review};

@@ -18,14 +18,13 @@ use std::fmt;
 use std::sync::LazyLock;
 
 use gpu_guard_core::api_rules::job::check_job;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::mutate::object::{MutableKind, mutate_object};
 use gpu_guard_core::mutate::patch::{self, CRON_JOB_TEMPLATE_ROOT, JOB_ROOT};
 use gpu_guard_core::mutate::pod_settings::{NOT_READY_TAINT, UNREACHABLE_TAINT};
 use gpu_guard_core::mutate::{Change, Outcome, mutate_job};
-use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::{
-    ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, PodReplacementPolicy, Policy,
-    RuleAction,
+    ExistingPolicy, ExitCodeRule, OnFailureRestartPolicy, PodReplacementPolicy, Policy, RuleAction,
 };
 use gpu_guard_core::wellknown::MUTATED_ANNOTATION;
 use gpu_guard_webhook::admission::MAX_WARNING_CHARS;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::mutate::object::mutate_object;
 use gpu_guard_core::mutate::patch;
-use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_webhook::server::tls::{CertificateFiles, GeneratedPair, generate_self_signed};
 use gpu_guard_webhook::server::{

@@ -15,10 +15,10 @@ use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::mutate::mutate_job;
 use gpu_guard_core::mutate::object;
 use gpu_guard_core::mutate::patch;
-use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Format};
 use k8s_openapi::api::batch::v1::Job;

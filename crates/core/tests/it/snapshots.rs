@@ -4,10 +4,10 @@
 
 use gpu_guard_core::api_rules::job::check_job;
 use gpu_guard_core::api_rules::jobset::check_jobset_spec;
+use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::field::FieldPath;
 use gpu_guard_core::mutate::object::{MutableKind, mutate_object};
 use gpu_guard_core::mutate::patch;
-use gpu_guard_core::devices::NoDraFacts;
 use gpu_guard_core::policy::Policy;
 use k8s_openapi::api::batch::v1::{Job, JobTemplateSpec};
 use serde_json::{Value, json};

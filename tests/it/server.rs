@@ -313,12 +313,6 @@ async fn bad_input_gets_a_clear_answer_and_the_server_keeps_serving() {
         edit(&mut review);
         serde_json::to_vec(&review).unwrap()
     };
-    let deep = format!(
-        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","object":{}{}}}}}"#,
-        "[".repeat(100_000),
-        "]".repeat(100_000)
-    )
-    .into_bytes();
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
         (
             "not JSON",
@@ -354,7 +348,6 @@ async fn bad_input_gets_a_clear_answer_and_the_server_keeps_serving() {
             400,
             "unsupported apiVersion",
         ),
-        ("deep nesting", deep, 400, "deeper than 128 levels"),
         ("too large", vec![b' '; 8 * 1024 * 1024], 413, ""),
     ];
     for (name, body, status, message) in cases {
@@ -362,6 +355,21 @@ async fn bad_input_gets_a_clear_answer_and_the_server_keeps_serving() {
         assert_eq!(got, status, "{name}: {text}");
         assert!(text.contains(message), "{name}: {text}");
     }
+    // 100,000 levels of nesting in a field nothing reads: serde_json skips it without recursing,
+    // and the Job is mutated as without it.
+    let text = String::from_utf8(job.clone()).unwrap();
+    let object = text.find(r#""object""#).unwrap();
+    let at = object + text[object..].find('{').unwrap() + 1;
+    let deep = format!(
+        r#"{}"x-unread":{}{},{}"#,
+        &text[..at],
+        "[".repeat(100_000),
+        "]".repeat(100_000),
+        &text[at..]
+    );
+    let (got, text) = post(&client, &mutate, deep.into_bytes()).await;
+    assert_eq!(got, 200, "{text}");
+    assert!(text.contains(r#""patchType":"JSONPatch""#), "{text}");
 
     // v1beta1 is answered in v1beta1.
     let beta = with(&|r| r["apiVersion"] = json!("admission.k8s.io/v1beta1"));

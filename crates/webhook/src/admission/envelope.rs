@@ -2,10 +2,6 @@
 //! text, borrowed from the body by serde_json), the typed operation, the response it writes,
 //! and why a body is refused.
 
-use std::cell::Cell;
-use std::fmt;
-
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -13,9 +9,6 @@ use gpu_guard_core::decode::JsonError;
 
 /// At most this many characters in one admission warning (the API server's limit is 120).
 pub const MAX_WARNING_CHARS: usize = 120;
-
-/// The deepest JSON nesting accepted (serde_json's own limit for the values it builds).
-pub const MAX_DEPTH: usize = 128;
 
 pub(super) const SUPPORTED_VERSIONS: [&str; 2] =
     ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
@@ -25,8 +18,6 @@ pub(super) const SUPPORTED_VERSIONS: [&str; 2] =
 pub enum ReviewError {
     #[error("the body is not a JSON AdmissionReview: {0}")]
     NotJson(#[source] JsonError),
-    #[error("the body nests JSON deeper than {MAX_DEPTH} levels; no Kubernetes object does")]
-    TooDeep,
     #[error(
         "unsupported apiVersion {0:?}: send admission.k8s.io/v1 (admissionReviewVersions: [v1])"
     )]
@@ -210,102 +201,6 @@ pub(super) fn encode(api_version: &str, mut response: Response) -> Vec<u8> {
     .expect("an AdmissionReview serializes")
 }
 
-/// Whether `body` nests arrays and objects deeper than `limit` levels anywhere, the parts
-/// gpu-guard never reads included: serde_json skips those without a depth limit (safely, but
-/// it would accept them). The body is walked by serde_json itself, its own recursion limit
-/// replaced by `limit`; a body that is not JSON is not judged here (the envelope's parse says
-/// what is wrong with it).
-pub(super) fn nests_deeper_than(body: &[u8], limit: usize) -> bool {
-    let too_deep = Cell::new(false);
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    // The walk stops `limit` levels down, so the stack it uses stays bounded.
-    deserializer.disable_recursion_limit();
-    let walk = Nesting {
-        depth: 0,
-        limit,
-        too_deep: &too_deep,
-    };
-    let _ = walk.deserialize(&mut deserializer);
-    too_deep.get()
-}
-
-/// One value of a walk over a JSON text, `depth` levels down: each array and object in it is
-/// walked in turn; one more than `limit` levels down ends the walk, with `too_deep` set.
-#[derive(Clone, Copy)]
-struct Nesting<'c> {
-    depth: usize,
-    limit: usize,
-    too_deep: &'c Cell<bool>,
-}
-
-impl Nesting<'_> {
-    /// The walk one level further down, into an array or object.
-    fn enter<E: de::Error>(self) -> Result<Self, E> {
-        if self.depth >= self.limit {
-            self.too_deep.set(true);
-            return Err(E::custom("nested too deep"));
-        }
-        Ok(Self {
-            depth: self.depth + 1,
-            ..self
-        })
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Nesting<'_> {
-    type Value = ();
-
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> de::Visitor<'de> for Nesting<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
-        let inner = self.enter()?;
-        while items.next_element_seed(inner)?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<(), A::Error> {
-        let inner = self.enter()?;
-        while fields.next_key::<IgnoredAny>()?.is_some() {
-            fields.next_value_seed(inner)?;
-        }
-        Ok(())
-    }
-}
-
 fn truncate_chars(text: &mut String, max: usize) {
     if let Some((cut, _)) = text.char_indices().nth(max) {
         let keep = text[..cut]
@@ -320,22 +215,6 @@ fn truncate_chars(text: &mut String, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nesting_is_measured_outside_strings_and_in_every_part() {
-        let deep = |text: &str, limit| nests_deeper_than(text.as_bytes(), limit);
-        assert!(!deep(r#"{"a": [[1], {"b": "[[[[[["}]}"#, 3));
-        assert!(deep(r#"{"a": [[[1]]]}"#, 3));
-        assert!(!deep(r#"{"a": [[[1]]]}"#, 4));
-        assert!(!deep(r#"{"a": "\"[[[[[[["}"#, 1));
-        assert!(deep(r#"{"request": {"object": {"x": [{}]}}}"#, 4));
-        // Not JSON before the nesting: left to the envelope's parse.
-        assert!(!deep(r#"{"a": x [[[[[[["#, 3));
-        let limit = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
-        assert!(!deep(&limit, MAX_DEPTH));
-        assert!(deep(&format!("[{limit}]"), MAX_DEPTH));
-        assert!(deep(&"[".repeat(1_000_000), MAX_DEPTH));
-    }
 
     #[test]
     fn long_warnings_are_cut_to_the_api_servers_limit() {

@@ -1,7 +1,7 @@
 //! The node health controller and device-failure pod watcher (`gpu-guard controller`).
 //!
-//! The decisions are pure functions, table-tested: [`node::node_verdict`] (is a GPU node
-//! degraded, should gpu-guard's taint be added or removed) and [`pod::verdict`] (was a pod hit
+//! The decisions are pure functions, table-tested: [`gpu_guard_core::health::node::node_verdict`] (is a GPU node
+//! degraded, should gpu-guard's taint be added or removed) and [`gpu_guard_core::health::pod::verdict`] (was a pod hit
 //! by a device failure: mark it, evict it). The [`reconcile::Reconciler`] only applies them,
 //! from caches of Nodes, device pods' facts and opted-in Namespaces, on a timer and after watch
 //! events; a pod to mark is marked from its own watch event ([`reconcile::marker`]).
@@ -45,7 +45,7 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// - resourceclaims (`resource.k8s.io`) get/list/watch: which driver allocated a pod's claims,
 ///   so a DRA pod on a node degraded for that driver is marked and evicted;
 /// - daemonsets (`apps`) list: once at start, to warn of GPU DaemonSets that do not tolerate
-///   gpu-guard's taint ([`node::daemonsets`]);
+///   gpu-guard's taint ([`gpu_guard_core::health::node::daemonsets`]);
 /// - events (`events.k8s.io`) create/patch: kube's event recorder creates `events.k8s.io/v1`
 ///   Events, and patches one that repeats within minutes (an event series);
 ///

@@ -11,7 +11,7 @@
 //! cannot start any token".
 //!
 //! An error can also say the line of its field in the file it came from: a caller that reads
-//! manifests ([`crate::manifest::Document::field_lines`]) says which text is being decoded for
+//! manifests (`gpu_guard_manifest::Document::field_lines`) says which text is being decoded for
 //! as long as a [`FieldLinesScope`] lives, and an error made meanwhile looks its field up there
 //! when it is shown. Nothing is looked up before an error, and nothing where no scope is set
 //! (the webhook, whose request bodies are JSON no one wrote by hand).

@@ -9,7 +9,7 @@
 //! - [`ClusterCache`]: the webhook's PriorityClass, Node and DRA (ResourceClaimTemplate, ResourceClaim,
 //!   DeviceClass) caches behind the read-only
 //!   [`gpu_guard_core::guard::ClusterView`] (its docs say what is cached, how it keeps up, and the RBAC
-//!   it needs). The controller's caches are [`gpu_guard_controller::reconcile::Caches`].
+//!   it needs). The controller's caches are `gpu_guard_controller::reconcile::Caches`.
 
 mod cache;
 mod client;

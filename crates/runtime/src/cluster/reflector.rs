@@ -1,5 +1,5 @@
 //! The one reflector helper of both components: the webhook's [`super::ClusterCache`] and the
-//! controller's [`gpu_guard_controller::reconcile::Caches`] start every cache with
+//! controller's `gpu_guard_controller::reconcile::Caches` start every cache with
 //! [`Reflected::start`], or, for a cache that keeps its own form of each object (the
 //! controller's pod cache), with [`follow`].
 //!

@@ -16,6 +16,7 @@
 //! | [`mutate`] | the mutation engine and the JSON Patch derived from its result |
 //! | [`guard`] | the GPU-node guard: workload + cluster view -> allow, warn or deny |
 //! | [`health`] | the controller's verdicts on nodes and pods |
+//! | [`memory`] | a workload's device failures: what counts, where they are kept, the nodes its next pods avoid |
 
 pub mod wellknown;
 
@@ -35,3 +36,4 @@ pub mod guard;
 pub mod mutate;
 
 pub mod health;
+pub mod memory;

@@ -481,7 +481,7 @@ pub fn device_resources(pod: &Pod, policy: &Policy) -> BTreeSet<String> {
 /// reference names no request (kubernetes `test/e2e/dra`, the health test: "the name of the
 /// claim as declared in the container, including the request name if one was set there"):
 /// both count.
-fn unhealthy_device(pod: &Pod, policy: &Policy) -> Option<Cause> {
+pub(crate) fn unhealthy_device(pod: &Pod, policy: &Policy) -> Option<Cause> {
     let status = pod.status.as_ref()?;
     let statuses: Vec<&ContainerStatus> = status
         .container_statuses

@@ -9,9 +9,12 @@
 //! - [`container`]: container `restartPolicy` and `restartPolicyRules` (KEP-5307 in-place
 //!   restart rules, KEP-5532 `RestartAllContainers`), as Kubernetes 1.36 pod validation checks
 //!   them; part of [`job::check_job`] for a Job's pod template;
+//! - [`node_affinity`]: a pod's required node affinity (Kubernetes 1.36 pod validation), where
+//!   gpu-guard keeps a pod off the nodes its workload's devices failed on;
 //! - `names` (crate-private): Kubernetes name syntax (apimachinery `validation.IsQualifiedName` and friends).
 
 pub mod container;
 pub mod job;
 pub mod jobset;
 pub mod names;
+pub mod node_affinity;

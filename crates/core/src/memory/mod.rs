@@ -8,6 +8,7 @@
 //! pods failed of a device ([`Memory`]), and
 //! - a new pod of the workload is kept off those nodes ([`avoid`]);
 //! - past a budget, the workload's failures count again (the controller's part).
+//! - failures of several pods on one node make the node suspect ([`suspect`]).
 //!
 //! A workload is a Job, or, for the child Jobs of a JobSet, the JobSet: a JobSet's gang restart
 //! deletes its child Jobs and their pods, so a memory kept on them would be lost
@@ -23,6 +24,7 @@
 
 pub mod avoid;
 pub mod failure;
+pub mod suspect;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};

@@ -17,7 +17,7 @@
 //! | [`guard`] | the GPU-node guard: workload + cluster view -> allow, warn or deny |
 //! | [`health`] | the controller's verdicts on nodes and pods |
 //! | [`memory`] | a workload's device failures: what counts, where they are kept, the nodes its next pods avoid |
-//! | [`simulate`] | what a Job (and, to come, a JobSet) does when one of its pods fails, by their controllers' rules |
+//! | [`simulate`] | what a Job or JobSet does when one of its pods fails, by their controllers' rules |
 
 pub mod wellknown;
 

@@ -1,4 +1,5 @@
 //! PURE: what a Job or JobSet does when one of its pods fails, by the Job and JobSet
-//! controllers' own rules (the `gpu-guard simulate` command's engine).
+//! controllers' own rules: the engine of the coming `gpu-guard simulate`.
 
 pub mod job;
+pub mod jobset;

@@ -1,4 +1,5 @@
-//! The command line: `gpu-guard serve | controller | mutate | check | generate | policy | certs`.
+//! The command line: `gpu-guard serve | controller | mutate | check | simulate | generate | policy |
+//! certs`.
 //! The only module that knows clap: one file per command, each turning its flags into the plain
 //! settings of the module that does the work. `mutate` and `check` stream to the writers they
 //! are given; the other commands return the text to print ([`Report`]). Every command exits
@@ -12,6 +13,7 @@ mod inputs;
 mod mutate;
 pub mod reference;
 mod serve;
+mod simulate;
 mod tally;
 
 use std::ffi::OsString;
@@ -35,6 +37,7 @@ pub use generate::{GenerateCommand, PodFailurePolicyArgs, WebhookConfigArgs};
 pub use inputs::InputArgs;
 pub use mutate::MutateArgs;
 pub use serve::ServeArgs;
+pub use simulate::{SimulateArgs, SimulateFormat};
 
 /// Keeps AI/ML batch Jobs on Kubernetes alive through GPU and other device failures.
 ///
@@ -98,6 +101,23 @@ pub enum Command {
     ///
     /// Example: gpu-guard check -f k8s/ --priority-class high-priority=1000000
     Check(CheckArgs),
+    /// Say what happens when a pod of each Job, CronJob, JobSet or Trainer runtime fails as
+    /// described, by the Job and JobSet controllers' own rules.
+    ///
+    /// Reads the same inputs as `mutate`. For each workload: the podFailurePolicy rule that
+    /// matches (or none), whether the failure counts against backoffLimit (or its index's
+    /// backoffLimitPerIndex), whether the Job fails and with what reason and message; for a
+    /// JobSet, the failurePolicy rule the child Job's failure reaches, its action and the
+    /// restarts left. Objects are taken as the API server stores them (backoffLimit 6 when
+    /// unset, a condition pattern's status True); the failing pod's name ends in `xxxxx`, where
+    /// the Job controller puts a random suffix. With --as-mutated, as gpu-guard would admit
+    /// them.
+    ///
+    /// Exit status: 0 when the simulation ran; 2 when a flag or an input could not be used (an
+    /// unknown container or replicated Job, no workload in the input).
+    ///
+    /// Example: gpu-guard simulate -f job.yaml --container trainer --exit-code 74 --as-mutated
+    Simulate(SimulateArgs),
     /// Print generated configuration.
     #[command(subcommand)]
     Generate(GenerateCommand),
@@ -258,6 +278,7 @@ pub fn run_with(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let report = match &cli.command {
         Command::Mutate(args) => return mutate::run(args, &policy, out, &mut log),
         Command::Check(args) => return check::run(args, &policy, out, &mut log),
+        Command::Simulate(args) => return simulate::run(args, &policy, out, &mut log),
         Command::Serve(args) => serve::run(args, cli.global.policy.as_deref(), policy),
         Command::Controller(args) => controller::run(args, policy),
         Command::Generate(GenerateCommand::PodFailurePolicy(args)) => {

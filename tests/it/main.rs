@@ -21,4 +21,5 @@ mod properties;
 mod reapply;
 mod reference_docs;
 mod server;
+mod simulate;
 mod validate;

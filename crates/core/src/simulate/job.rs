@@ -127,6 +127,30 @@ pub fn match_rules(policy: Option<&PodFailurePolicy>, pod: &Pod) -> PolicyMatch 
     no_rule
 }
 
+/// Whether the pod's failure is a container the kubelet restarts in the same pod: the Job's
+/// pods have `restartPolicy: OnFailure` and a container exited with a non-zero code.
+pub fn restarts_in_place(spec: &JobSpec, pod: &Pod) -> bool {
+    let on_failure = spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|pod| pod.restart_policy.as_deref())
+        == Some("OnFailure");
+    on_failure && has_exit(pod)
+}
+
+/// Whether a container of the pod terminated with a non-zero exit code.
+fn has_exit(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|status| {
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(status.init_container_statuses.iter().flatten())
+            .any(|container| terminated_code(container).is_some_and(|code| code != 0))
+    })
+}
+
 fn terminated_code(container: &ContainerStatus) -> Option<i32> {
     Some(container.state.as_ref()?.terminated.as_ref()?.exit_code)
 }
@@ -201,6 +225,9 @@ pub enum Step {
         failed_indexes: i32,
         max_failed_indexes: Option<i32>,
     },
+    /// `restartPolicy: OnFailure`: the kubelet restarts the container in the same pod; the
+    /// Job counts `restarts` of the `backoff_limit` it allows.
+    RestartedInPlace { restarts: i32, backoff_limit: i32 },
     /// The Job fails with this condition reason and message.
     JobFailed {
         reason: &'static str,
@@ -218,6 +245,25 @@ pub fn step(spec: &JobSpec, pod: &Pod, history: History) -> (PolicyMatch, Step) 
     } else {
         DEFAULT_BACKOFF_LIMIT
     });
+    // `restartPolicy: OnFailure` (no podFailurePolicy is allowed with it): a container that
+    // exits is restarted in place, and `pastBackoffLimitOnFailure` fails the Job once the
+    // pods' restarts reach backoffLimit (any restart when it is 0). A pod that fails whole
+    // (an eviction: no container exit given) is counted as below.
+    if restarts_in_place(spec, pod) {
+        let restarts = history.failed.saturating_add(1);
+        let step = if restarts >= backoff_limit.max(1) {
+            Step::JobFailed {
+                reason: "BackoffLimitExceeded",
+                message: "Job has reached the specified backoff limit".to_owned(),
+            }
+        } else {
+            Step::RestartedInPlace {
+                restarts,
+                backoff_limit,
+            }
+        };
+        return (matched, step);
+    }
     let action = matched.rule.as_ref().map(|rule| rule.action);
     if let Some(rule) = &matched.rule
         && let Some(message) = &rule.job_failure_message

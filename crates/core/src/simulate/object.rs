@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use k8s_openapi::api::batch::v1::JobSpec;
+use k8s_openapi::api::batch::v1::{JobSpec, PodFailurePolicyRule};
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodSpec,
     PodStatus,
@@ -124,13 +124,16 @@ fn simulate_kind(
         kind: kind.api_name(),
         source,
     };
-    let metadata: ObjectMeta = decode::from_json_value(&part("/metadata"))
-        .map_err(decode_error)?;
+    let metadata: ObjectMeta = decode::from_json_value(&part("/metadata")).map_err(decode_error)?;
     let name = metadata.name.clone().unwrap_or_default();
     let namespace = metadata.namespace.clone();
     // A manifest without a namespace is created in the client's, usually `default`.
     let pod_namespace = Some(namespace.as_deref().unwrap_or("default"));
-    let what = format!("{} {}", kind.api_name(), qualified(namespace.as_deref(), &name));
+    let what = format!(
+        "{} {}",
+        kind.api_name(),
+        qualified(namespace.as_deref(), &name)
+    );
     let jobset_root = match kind {
         MutableKind::Job => None,
         MutableKind::CronJob => None,
@@ -188,9 +191,19 @@ fn simulate_kind(
         "<trainjob>".to_owned()
     };
     let child = format!("{jobset_name}-{}-0", replicated.name);
-    let job_spec = replicated.template.spec.clone().unwrap_or_default();
+    let mut job_spec = replicated.template.spec.clone().unwrap_or_default();
+    // JobSet's defaulting webhook (v0.12.0 `jobset_webhook.go` `Default`): child Jobs are
+    // Indexed and their pods restart OnFailure unless the template says otherwise.
+    job_spec
+        .completion_mode
+        .get_or_insert_with(|| "Indexed".to_owned());
+    if let Some(pod) = &mut job_spec.template.spec
+        && pod.restart_policy.as_deref().unwrap_or_default().is_empty()
+    {
+        pod.restart_policy = Some("OnFailure".to_owned());
+    }
     let child_what = format!("replicated Job {}, child Job {child}", replicated.name);
-    story.push(format!("{what}: {child_what}"));
+    story.push(child_what.clone());
     let pod_name = pod_name(&child, &job_spec, failure);
     let (job, failed_with) = job_level(
         &job_spec,
@@ -231,9 +244,12 @@ fn simulate_kind(
             let outcome = jobset::step(&spec, &failed, failure.restarts_so_far);
             jobset_story(&spec, &outcome, &mut story);
             let (failed, restarts_left, reason, message) = match &outcome.step {
-                jobset::Step::Failed { reason, message } => {
-                    (true, Some(0), Some((*reason).to_owned()), Some(message.clone()))
-                }
+                jobset::Step::Failed { reason, message } => (
+                    true,
+                    Some(0),
+                    Some((*reason).to_owned()),
+                    Some(message.clone()),
+                ),
                 jobset::Step::Restarted { restarts_left, .. } => {
                     (false, Some(*restarts_left), None, None)
                 }
@@ -289,9 +305,15 @@ fn job_level(
     };
     let (matched, step) = job::step(spec, &pod, history);
     match &matched.rule {
+        _ if job::restarts_in_place(spec, &pod) => {}
         Some(rule) => story.push(format!(
-            "podFailurePolicy rule {} matches: {}",
+            "podFailurePolicy rule {} ({}) matches: {}",
             rule.index,
+            spec.pod_failure_policy
+                .as_ref()
+                .and_then(|policy| policy.rules.get(rule.index))
+                .map(describe_rule)
+                .unwrap_or_default(),
             rule.action.as_str()
         )),
         None if spec.pod_failure_policy.is_some() => {
@@ -302,6 +324,13 @@ fn job_level(
     let mut failed_with = None;
     match &step {
         Step::Replaced => story.push("not counted: the pod is replaced".to_owned()),
+        Step::RestartedInPlace {
+            restarts,
+            backoff_limit,
+        } => story.push(format!(
+            "restartPolicy OnFailure: the container restarts in the same pod; {restarts} \
+             restart(s) counted, the Job fails when they reach backoffLimit {backoff_limit}"
+        )),
         Step::Counted {
             failed,
             backoff_limit,
@@ -324,10 +353,18 @@ fn job_level(
             if let Some(max) = max_failed_indexes {
                 let _ = write!(line, " of the {max} maxFailedIndexes allows");
             }
-            line.push_str("); the Job goes on, and fails with FailedIndexes when its other indexes finish");
+            line.push_str(
+                "); the Job goes on, and fails with FailedIndexes when its other indexes finish",
+            );
             story.push(line);
         }
         Step::JobFailed { reason, message } => {
+            if job::restarts_in_place(spec, &pod) {
+                story.push(
+                    "restartPolicy OnFailure: the container's restarts reach backoffLimit"
+                        .to_owned(),
+                );
+            }
             story.push(format!("the Job fails: {reason}: {message}"));
             failed_with = Some(((*reason).to_owned(), message.clone()));
         }
@@ -352,11 +389,12 @@ fn jobset_story(spec: &JobSetSpec, outcome: &jobset::Outcome, story: &mut Vec<St
     match (&outcome.rule, spec.failure_policy.is_some()) {
         (Some((index, name)), _) => story.push(format!(
             "JobSet failurePolicy rule {index} ({name}) applies: {}",
-            outcome.action.map_or("an unknown action", jobset::Action::as_str)
+            outcome
+                .action
+                .map_or("an unknown action", jobset::Action::as_str)
         )),
-        (None, true) => story.push(
-            "no JobSet failurePolicy rule applies: RestartJobSet, the default".to_owned(),
-        ),
+        (None, true) => story
+            .push("no JobSet failurePolicy rule applies: RestartJobSet, the default".to_owned()),
         (None, false) => story.push("the JobSet has no failurePolicy".to_owned()),
     }
     match &outcome.step {
@@ -461,6 +499,31 @@ fn failed_pod(
             ..PodStatus::default()
         }),
     })
+}
+
+/// A podFailurePolicy rule's requirement in a few words.
+fn describe_rule(rule: &PodFailurePolicyRule) -> String {
+    if let Some(codes) = &rule.on_exit_codes {
+        let values: Vec<String> = codes.values.iter().map(i32::to_string).collect();
+        let mut text = format!("onExitCodes {} [{}]", codes.operator, values.join(", "));
+        if let Some(container) = &codes.container_name {
+            let _ = write!(text, " in container {container}");
+        }
+        return text;
+    }
+    let patterns: Vec<String> = rule
+        .on_pod_conditions
+        .iter()
+        .flatten()
+        .map(|pattern| {
+            format!(
+                "{}={}",
+                pattern.type_,
+                pattern.status.as_deref().unwrap_or("True")
+            )
+        })
+        .collect();
+    format!("onPodConditions {}", patterns.join(", "))
 }
 
 fn describe_failure(failure: &Failure) -> String {

@@ -458,3 +458,46 @@ fn per_index_limits_fail_the_index_then_the_job() {
         }
     );
 }
+
+#[test]
+fn on_failure_restarts_in_place_until_backoff_limit() {
+    let spec = spec(
+        json!({"backoffLimit": 2, "template": {"spec": {"restartPolicy": "OnFailure", "containers": []}}}),
+    );
+    let crash = exits(&[("main", 1)]);
+    assert_eq!(
+        step_of(&spec, &crash, 0).1,
+        Step::RestartedInPlace {
+            restarts: 1,
+            backoff_limit: 2
+        }
+    );
+    assert!(matches!(
+        step_of(&spec, &crash, 1).1,
+        Step::JobFailed {
+            reason: "BackoffLimitExceeded",
+            ..
+        }
+    ));
+    // With backoffLimit 0 the first restart fails the Job.
+    let strict = spec_limit_zero();
+    assert!(matches!(
+        step_of(&strict, &crash, 0).1,
+        Step::JobFailed { .. }
+    ));
+    // An evicted pod fails whole: counted as a pod failure.
+    let evicted = with_condition("DisruptionTarget", "True");
+    assert_eq!(
+        step_of(&spec, &evicted, 0).1,
+        Step::Counted {
+            failed: 1,
+            backoff_limit: 2
+        }
+    );
+}
+
+fn spec_limit_zero() -> JobSpec {
+    spec(
+        json!({"backoffLimit": 0, "template": {"spec": {"restartPolicy": "OnFailure", "containers": []}}}),
+    )
+}

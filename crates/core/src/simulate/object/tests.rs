@@ -1,6 +1,6 @@
 use super::*;
-use crate::mutate::object::mutate_object;
 use crate::devices::NoDraFacts;
+use crate::mutate::object::mutate_object;
 use crate::policy::Policy;
 use serde_json::json;
 
@@ -67,7 +67,9 @@ fn the_job_fails_with_the_controllers_reason_and_message() {
     assert_eq!(failed.job.reason.as_deref(), Some("PodFailurePolicy"));
     assert_eq!(
         failed.job.message.as_deref(),
-        Some("Container trainer for pod ml/train-xxxxx failed with exit code 3 matching FailJob rule at index 0")
+        Some(
+            "Container trainer for pod ml/train-xxxxx failed with exit code 3 matching FailJob rule at index 0"
+        )
     );
     let counted = simulate(&job, &exit("fetch", 1)).unwrap().unwrap();
     assert_eq!(counted.job.reason.as_deref(), Some("BackoffLimitExceeded"));
@@ -129,5 +131,11 @@ fn bad_input_says_what_is_known() {
         "batch/v1 Job ml/train has no container or init container \"sidecar\" (it has: \
          trainer, fetch); name one of them with --container"
     );
-    assert!(simulate(&json!({"apiVersion": "v1", "kind": "ConfigMap"}), &Failure::default()).is_none());
+    assert!(
+        simulate(
+            &json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+            &Failure::default()
+        )
+        .is_none()
+    );
 }

@@ -50,6 +50,16 @@ fn other_conditions(node: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// Someone deletes gpu-guard's condition from the node (a watch event), and the cache shows it.
+async fn delete_condition(world: &World, name: &str) {
+    let mut node = world.fake.object(NODES, name);
+    node["status"]["conditions"] = json!(other_conditions(&node));
+    world.fake.put(NODES, node);
+    world
+        .node_cached(name, |node| our_condition(node).is_none())
+        .await;
+}
+
 const MESSAGE: &str = "1 of 8 nvidia.com/gpu unusable (allocatable 7); gpu-guard tainted the node \
                        gpu-guard.io/device-degraded since 2027-01-15T08:02:00Z";
 
@@ -177,23 +187,13 @@ async fn the_condition_converges_like_the_taint() {
     assert_eq!(set["lastTransitionTime"], "2027-01-15T08:02:10Z");
 
     // Someone deletes it (a watch event): it comes back on the next pass.
-    let mut node = world.fake.object(NODES, "gpu-1");
-    node["status"]["conditions"] = json!(other_conditions(&node));
-    world.fake.put(NODES, node);
-    world
-        .node_cached("gpu-1", |node| our_condition(node).is_none())
-        .await;
+    delete_condition(&world, "gpu-1").await;
     let report = world.pass(200).await;
     assert_eq!(report.conditions_set, ["gpu-1"]);
     assert!(our_condition(&world.fake.object(NODES, "gpu-1")).is_some());
 
     // A controller restart with the taint and without the condition: set on the first pass.
-    let mut node = world.fake.object(NODES, "gpu-1");
-    node["status"]["conditions"] = json!(other_conditions(&node));
-    world.fake.put(NODES, node);
-    world
-        .node_cached("gpu-1", |node| our_condition(node).is_none())
-        .await;
+    delete_condition(&world, "gpu-1").await;
     world.reconciler = Reconciler::new(
         world.fake.config(),
         policy(|_| {}),
@@ -283,4 +283,35 @@ async fn a_dry_run_sends_the_condition_with_dry_run_all_and_stores_nothing() {
             .any(|note| note.starts_with("dry run: would remove the node condition")),
         "{notes:?}"
     );
+}
+
+#[tokio::test]
+async fn a_dry_run_removes_a_stale_condition_with_dry_run_all_once() {
+    // gpu-guard's condition without its taint (left from before, the taint removed by hand).
+    let mut node = reporting_node("gpu-1", 8, 8);
+    node["status"]["conditions"]
+        .as_array_mut()
+        .expect("conditions")
+        .push(
+            json!({"type": DEVICE_DEGRADED_NODE_CONDITION, "status": "True",
+                     "reason": "UnusableDevices", "message": "1 of 8 nvidia.com/gpu unusable"}),
+        );
+    let mut world =
+        World::start(policy(|p| p.controller.dry_run = true), vec![(NODES, node)]).await;
+    let report = world.pass(0).await;
+    assert_eq!(report.conditions_removed, ["gpu-1"]);
+    let writes = status_writes(&world);
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].param("dryRun"), Some("All"));
+    assert_eq!(
+        writes[0].body,
+        json!({"status": {"conditions": [
+            {"type": "gpu-guard.io/DeviceDegraded", "$patch": "delete"}]}})
+    );
+    assert!(our_condition(&world.fake.object(NODES, "gpu-1")).is_some());
+    // What the dry run would have done stands: not sent again.
+    world.fake.clear_requests();
+    let report = world.pass(15).await;
+    assert!(report.conditions_removed.is_empty());
+    assert!(status_writes(&world).is_empty());
 }

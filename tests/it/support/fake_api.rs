@@ -783,7 +783,15 @@ fn patch_node_status(state: &mut State, name: &str, patch: &Value) -> (StatusCod
     let Some(mut node) = state.collections[NODES].objects.get(name).cloned() else {
         return (StatusCode::NOT_FOUND, status(404, "NotFound", "no node"));
     };
-    let mut merged: Vec<Value> = node["status"]["conditions"]
+    merge_conditions(&mut node, patch);
+    (StatusCode::OK, state.apply(NODES, None, node))
+}
+
+/// Merges the patch's `status.conditions` into the object's as a strategic merge patch does
+/// (merge key `type`): a condition of a new type is appended, one of a known type merged into
+/// it, and `{"type": T, "$patch": "delete"}` removes the condition of type T.
+fn merge_conditions(object: &mut Value, patch: &Value) {
+    let mut merged: Vec<Value> = object["status"]["conditions"]
         .as_array()
         .cloned()
         .unwrap_or_default();
@@ -802,8 +810,7 @@ fn patch_node_status(state: &mut State, name: &str, patch: &Value) -> (StatusCod
             (None, _) => merged.push(condition.clone()),
         }
     }
-    node["status"]["conditions"] = json!(merged);
-    (StatusCode::OK, state.apply(NODES, None, node))
+    object["status"]["conditions"] = json!(merged);
 }
 
 /// A pod DELETE with its options (`gracePeriodSeconds`, a uid precondition): with grace period
@@ -863,19 +870,7 @@ fn patch_pod_status(state: &mut State, key: &str, patch: &Value) -> (StatusCode,
              "field": "metadata.uid"}]});
         return (StatusCode::UNPROCESSABLE_ENTITY, invalid);
     }
-    let mut merged: Vec<Value> = pod["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for condition in patch["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        merged.retain(|existing| existing["type"] != condition["type"]);
-        merged.push(condition.clone());
-    }
-    pod["status"]["conditions"] = json!(merged);
+    merge_conditions(&mut pod, patch);
     (StatusCode::OK, state.apply(PODS, None, pod))
 }
 

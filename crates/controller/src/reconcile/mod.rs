@@ -177,8 +177,9 @@ pub struct Reconciler {
     /// The nodes are to be read fresh from the API server before this term's first taint: the
     /// cache may not show yet what another leader did.
     fresh_read_due: bool,
-    /// Dry run: the Node conditions this term would have set (none was stored), by node.
-    assumed_conditions: HashMap<String, k8s_openapi::api::core::v1::NodeCondition>,
+    /// Dry run: by node, the Node condition this term would have left on it (`None`: would
+    /// have removed it); nothing was stored, so these stand in for the node's own.
+    assumed_conditions: HashMap<String, Option<k8s_openapi::api::core::v1::NodeCondition>>,
     /// The nodes that are NotReady or unreachable at the last node pass, and those whose
     /// readiness changed then (their pods are judged again).
     unready: HashMap<String, Unready>,
@@ -276,12 +277,7 @@ impl Reconciler {
         self.marker.reset();
         self.evicted.clear();
         self.backoff.clear();
-        let per_minute = self.policy.controller.pods.evictions_per_minute;
-        self.bucket = if self.leadership.is_some() {
-            TokenBucket::empty(per_minute, now)
-        } else {
-            TokenBucket::per_minute(per_minute)
-        };
+        self.bucket = self.term_bucket(self.policy.controller.pods.evictions_per_minute, now);
         self.metrics.gpu_nodes.set(0);
         self.metrics.tainted_nodes.set(0);
         self.metrics.degraded_nodes.set(0);
@@ -290,13 +286,19 @@ impl Reconciler {
         self.assumed_conditions.clear();
         self.stuck.clear();
         self.force_deleted.clear();
-        let per_minute = self.policy.controller.stuck_pods.deletions_per_minute;
-        self.deletion_bucket = if self.leadership.is_some() {
+        self.deletion_bucket =
+            self.term_bucket(self.policy.controller.stuck_pods.deletions_per_minute, now);
+        self.metrics.stuck_pods.set(0);
+    }
+
+    /// A rate limit's bucket at the start of a term at `now`: empty under an election (a
+    /// change of leader adds no burst to the previous leader's), full without one.
+    fn term_bucket(&self, per_minute: u32, now: Timestamp) -> TokenBucket {
+        if self.leadership.is_some() {
             TokenBucket::empty(per_minute, now)
         } else {
             TokenBucket::per_minute(per_minute)
-        };
-        self.metrics.stuck_pods.set(0);
+        }
     }
 
     fn dry_run(&self) -> bool {
@@ -352,15 +354,7 @@ impl Reconciler {
         // The dirty pods are judged either way.
         let mut pods = caches.pods.take_dirty();
         let everyone = full || opted_in != self.opted_in;
-        let changed: HashSet<&String> = node_states
-            .iter()
-            .filter(|(node, state)| self.node_states.get(*node) != Some(*state))
-            .map(|(node, _)| node)
-            .chain(
-                self.node_states
-                    .keys()
-                    .filter(|node| !node_states.contains_key(*node)),
-            )
+        let changed: HashSet<&String> = changed_keys(&self.node_states, &node_states)
             .chain(self.unready_changed.iter())
             .collect();
         if everyone {
@@ -449,4 +443,15 @@ impl Reconciler {
             .push(format!("{} {object}: {error}", write.label()));
         Ok(None)
     }
+}
+
+/// The keys whose value differs between `old` and `new`, or that are in only one of them.
+fn changed_keys<'a, V: PartialEq>(
+    old: &'a HashMap<String, V>,
+    new: &'a HashMap<String, V>,
+) -> impl Iterator<Item = &'a String> {
+    new.iter()
+        .filter(|(key, value)| old.get(*key) != Some(*value))
+        .map(|(key, _)| key)
+        .chain(old.keys().filter(|key| !new.contains_key(*key)))
 }

@@ -326,15 +326,7 @@ impl Reconciler {
                 node_unready(node).map(|unready| (name, unready))
             })
             .collect();
-        self.unready_changed = unready
-            .iter()
-            .filter(|(name, now)| self.unready.get(*name) != Some(*now))
-            .map(|(name, _)| name)
-            .chain(
-                self.unready
-                    .keys()
-                    .filter(|name| !unready.contains_key(*name)),
-            )
+        self.unready_changed = super::changed_keys(&self.unready, &unready)
             .cloned()
             .collect();
         self.unready = unready;
@@ -352,11 +344,11 @@ impl Reconciler {
         report: &mut PassReport,
     ) -> Result<(), Stop> {
         let name = node.metadata.name.clone().unwrap_or_default();
-        // A dry run stores nothing: what it would have set stands in for the node's.
-        let assumed = self.assumed_conditions.get(&name).cloned();
-        let current = assumed
-            .clone()
-            .or_else(|| degraded_condition(node).cloned());
+        // A dry run stores nothing: what it would have done stands in for the node's condition.
+        let current = match self.assumed_conditions.get(&name) {
+            Some(assumed) => assumed.clone(),
+            None => degraded_condition(node).cloned(),
+        };
         let since = condition::tainted_since(current.as_ref(), node, now);
         let why = Degradation::unusable_devices(verdict, since);
         let recovering = verdict.degraded.is_empty();
@@ -374,9 +366,9 @@ impl Reconciler {
                 }
             }
             ConditionAction::Remove => {
-                let removed = if assumed.is_some() && degraded_condition(node).is_none() {
+                let removed = if degraded_condition(node).is_none() {
                     // Only assumed (a dry run set none): nothing to send.
-                    self.assumed_conditions.remove(&name);
+                    self.assumed_conditions.insert(name.clone(), None);
                     self.condition_removed(node, "dry run: would remove").await;
                     Ok(())
                 } else {
@@ -408,7 +400,7 @@ impl Reconciler {
         self.patch_node_status(&name, &patch).await?;
         let done = if self.dry_run() {
             let value = condition::degraded_condition_value(current, why, now);
-            self.assumed_conditions.insert(name.clone(), value);
+            self.assumed_conditions.insert(name.clone(), Some(value));
             "dry run: would set"
         } else {
             "set"
@@ -434,8 +426,8 @@ impl Reconciler {
         let name = node.metadata.name.clone().unwrap_or_default();
         self.patch_node_status(&name, &condition::remove_condition_patch())
             .await?;
-        self.assumed_conditions.remove(&name);
         let done = if self.dry_run() {
+            self.assumed_conditions.insert(name.clone(), None);
             "dry run: would remove"
         } else {
             "removed"

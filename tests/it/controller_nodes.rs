@@ -50,7 +50,9 @@ async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery(
     let report = world.pass(120).await;
     assert_eq!(report.tainted, ["gpu-1"]);
     let writes = world.fake.writes();
-    assert_eq!(writes.len(), 1, "{writes:?}");
+    // Then gpu-guard's Node condition (tests/it/controller_conditions.rs).
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    assert_eq!(writes[1].path, "/api/v1/nodes/gpu-1/status");
     assert_eq!(writes[0].method, Method::PATCH);
     assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
     assert_eq!(
@@ -69,7 +71,8 @@ async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery(
         })
     );
     let events = world.fake.events();
-    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[1].0, "DeviceDegradedConditionSet");
     assert_eq!(events[0].0, "DeviceDegraded");
     assert_eq!(events[0].1, "gpu-1");
     assert_eq!(
@@ -110,7 +113,8 @@ async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery(
     let report = world.pass(1000).await;
     assert_eq!(report.untainted, ["gpu-1"]);
     let writes = world.fake.writes();
-    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    assert_eq!(writes[1].path, "/api/v1/nodes/gpu-1/status");
     assert_eq!(
         writes[0].body,
         json!({
@@ -124,7 +128,10 @@ async fn a_degraded_node_is_tainted_after_its_time_and_untainted_after_recovery(
     assert!(!has_our_taint(&node));
     assert_eq!(node["metadata"].get("annotations"), Some(&json!({})));
     let reasons: Vec<String> = world.fake.events().into_iter().map(|e| e.0).collect();
-    assert_eq!(reasons, ["DeviceRecovered"]);
+    assert_eq!(
+        reasons,
+        ["DeviceRecovered", "DeviceDegradedConditionRemoved"]
+    );
     assert_eq!(world.metrics.taints_removed.get(), 1);
     world
         .node_cached("gpu-1", |node| !has_our_taint(node))
@@ -232,6 +239,7 @@ async fn a_conflict_rereads_the_node_and_keeps_the_taint_added_meanwhile() {
             (Method::PATCH, "/api/v1/nodes/gpu-1".to_owned()),
             (Method::GET, "/api/v1/nodes/gpu-1".to_owned()),
             (Method::PATCH, "/api/v1/nodes/gpu-1".to_owned()),
+            (Method::PATCH, "/api/v1/nodes/gpu-1/status".to_owned()),
         ]
     );
     let node = world.fake.object(NODES, "gpu-1");
@@ -284,7 +292,8 @@ async fn the_safety_valve_stops_tainting_and_reports_once() {
     let report = world.pass(120).await;
     assert_eq!(report.tainted, ["gpu-10"]);
     assert_eq!(report.valve_held, ["gpu-11", "gpu-12"]);
-    assert_eq!(world.fake.writes().len(), 1);
+    // The taint and gpu-guard's Node condition.
+    assert_eq!(world.fake.writes().len(), 2);
     let events = world.fake.events();
     let reasons: Vec<(&str, &str)> = events
         .iter()
@@ -294,16 +303,17 @@ async fn the_safety_valve_stops_tainting_and_reports_once() {
         reasons,
         [
             ("DeviceDegraded", "gpu-10"),
+            ("DeviceDegradedConditionSet", "gpu-10"),
             ("SafetyValve", "gpu-11"),
             ("SafetyValve", "gpu-12")
         ]
     );
     assert!(
-        events[1]
+        events[2]
             .2
             .contains("1 of 12 GPU nodes are tainted already"),
         "{}",
-        events[1].2
+        events[2].2
     );
     assert_eq!(world.metrics.safety_valve_trips.get(), 2);
 
@@ -335,8 +345,10 @@ async fn a_stale_owner_annotation_is_cleared_and_only_gpu_guards_exact_taint_is_
     let version = world.fake.object(NODES, "gpu-1")["metadata"]["resourceVersion"].clone();
     world.pass(0).await;
     let writes = world.fake.writes();
-    assert_eq!(writes.len(), 1, "{writes:?}");
+    // And gpu-2, which holds gpu-guard's taint, gets its Node condition.
+    assert_eq!(writes.len(), 2, "{writes:?}");
     assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
+    assert_eq!(writes[1].path, "/api/v1/nodes/gpu-2/status");
     assert_eq!(
         writes[0].body,
         json!({"metadata": {"resourceVersion": version, "annotations": {DEGRADED_OWNER_ANNOTATION: null}}})
@@ -369,8 +381,10 @@ async fn a_stale_owner_annotation_is_cleared_and_only_gpu_guards_exact_taint_is_
     let report = world.pass(700).await;
     assert_eq!(report.untainted, ["gpu-2"]);
     let writes = world.fake.writes();
-    assert_eq!(writes.len(), 1, "{writes:?}");
+    // The taint, then gpu-guard's Node condition.
+    assert_eq!(writes.len(), 2, "{writes:?}");
     assert_eq!(writes[0].path, "/api/v1/nodes/gpu-2");
+    assert_eq!(writes[1].path, "/api/v1/nodes/gpu-2/status");
     assert_eq!(
         writes[0].body["spec"]["taints"],
         json!([
@@ -411,6 +425,7 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
             (Method::PATCH, "/api/v1/namespaces/ml/pods/sick/status"),
             (Method::POST, "/api/v1/namespaces/ml/pods/sick/eviction"),
             (Method::PATCH, "/api/v1/nodes/gpu-1"),
+            (Method::PATCH, "/api/v1/nodes/gpu-1/status"),
             (
                 Method::PATCH,
                 "/api/v1/namespaces/ml/pods/on-degraded/status"
@@ -443,6 +458,7 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
             ("DeviceFailureMarked", "sick"),
             ("Evicted", "sick"),
             ("DeviceDegraded", "gpu-1"),
+            ("DeviceDegradedConditionSet", "gpu-1"),
             ("DeviceFailureMarked", "on-degraded"),
             ("Evicted", "on-degraded"),
         ]
@@ -469,9 +485,10 @@ async fn dry_run_changes_nothing_but_events_logs_and_metrics_say_what_it_would_d
     let report = world.pass(900).await;
     assert_eq!(report.untainted, ["gpu-1"]);
     assert!(world.fake.writes().is_empty(), "{:?}", world.fake.writes());
+    let reasons: Vec<String> = world.fake.events().into_iter().map(|e| e.0).collect();
     assert_eq!(
-        world.fake.events().last().expect("an event").0,
-        "DeviceRecovered"
+        reasons[reasons.len() - 2..],
+        ["DeviceRecovered", "DeviceDegradedConditionRemoved"]
     );
 }
 
@@ -519,7 +536,8 @@ async fn a_node_whose_dra_driver_taints_a_gpu_is_tainted() {
     let report = world.pass(120).await;
     assert_eq!(report.tainted, ["dra-1"]);
     let writes = world.fake.writes();
-    assert_eq!(writes.len(), 1, "{writes:?}");
+    // The taint, then gpu-guard's Node condition.
+    assert_eq!(writes.len(), 2, "{writes:?}");
     assert_eq!(
         writes[0].body["spec"]["taints"][0],
         json!({"key": DEGRADED_TAINT_KEY, "value": "dra_gpu.nvidia.com", "effect": "NoSchedule"})
@@ -571,8 +589,16 @@ async fn the_safety_valve_holds_while_the_watch_lags_the_controllers_own_taints(
         assert_eq!(world.metrics.tainted_nodes.get(), 2);
     }
     assert_eq!(tainted_in_fake(&world), ["gpu-16", "gpu-17"]);
-    // One patch per tainted node: nothing was sent on a stale resourceVersion.
-    assert_eq!(world.fake.writes().len(), 2, "{:?}", world.fake.writes());
+    // One patch per tainted node (and one of its Node condition): nothing was sent on a
+    // stale resourceVersion.
+    assert_eq!(world.fake.writes().len(), 4, "{:?}", world.fake.writes());
+    let conditions = world
+        .fake
+        .writes()
+        .iter()
+        .filter(|w| w.path.ends_with("/status"))
+        .count();
+    assert_eq!(conditions, 2);
     world.node_cached("gpu-17", has_our_taint).await;
     let report = world.pass(200).await;
     assert!(report.tainted.is_empty(), "{report:?}");
@@ -683,11 +709,13 @@ async fn a_taint_removed_by_hand_starts_a_new_episode() {
     world.fake.clear_requests();
     let report = world.pass(140).await;
     assert!(report.tainted.is_empty(), "{report:?}");
-    // Only gpu-1's annotation, left behind, is removed.
+    // Only gpu-1's annotation, left behind, is removed, and both nodes' Node conditions.
     let writes = world.fake.writes();
-    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes.len(), 3, "{writes:?}");
     assert_eq!(writes[0].path, "/api/v1/nodes/gpu-1");
     assert!(writes[0].body.get("spec").is_none(), "{writes:?}");
+    assert_eq!(writes[1].path, "/api/v1/nodes/gpu-1/status");
+    assert_eq!(writes[2].path, "/api/v1/nodes/gpu-2/status");
     assert_eq!(world.metrics.tainted_nodes.get(), 0);
     assert_eq!(world.metrics.degraded_nodes.get(), 2);
 
@@ -695,7 +723,7 @@ async fn a_taint_removed_by_hand_starts_a_new_episode() {
         let report = world.pass(seconds).await;
         assert!(report.tainted.is_empty(), "at {seconds} s: {report:?}");
     }
-    assert_eq!(world.fake.writes().len(), 1);
+    assert_eq!(world.fake.writes().len(), 3);
     // degradedForSeconds into the new episode (its clock started at 140 s, the pass that saw
     // the taint gone), both nodes still degraded: tainted again, and not at 259 s above.
     let report = world.pass(260).await;

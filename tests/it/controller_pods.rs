@@ -112,6 +112,8 @@ async fn pods_hit_by_a_device_failure_are_marked_and_evicted() {
         .fake
         .writes()
         .into_iter()
+        // gpu-guard's Node condition: tests/it/controller_conditions.rs.
+        .filter(|w| w.path != "/api/v1/nodes/gpu-1/status")
         .map(|w| (w.method, w.path, w.body))
         .collect();
     assert_eq!(writes.len(), 3, "{writes:?}");

@@ -48,11 +48,16 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 ///   gpu-guard's taint ([`gpu_guard_core::health::node::daemonsets`]);
 /// - events (`events.k8s.io`) create/patch: kube's event recorder creates `events.k8s.io/v1`
 ///   Events, and patches one that repeats within minutes (an event series);
+/// - nodes/status patch: add and remove the `gpu-guard.io/DeviceDegraded` Node condition
+///   (a strategic merge patch of that condition alone);
+/// - pods delete: force-delete pods stuck Terminating on an unreachable node, used only when
+///   `controller.stuckPods.forceDelete` is on (RBAC is static: the right is granted either
+///   way);
 ///
 /// Nothing on leases: those rights are [`LEASE_RULES`], in a Role of the controller's
 /// namespace. `tests/it/controller.rs` checks that every call the controller makes is allowed by
 /// these two.
-pub const RBAC_RULES: [RbacRule; 9] = [
+pub const RBAC_RULES: [RbacRule; 11] = [
     RbacRule::new("", "nodes", &["get", "list", "watch", "patch"]),
     RbacRule::new("", "pods", READ),
     RbacRule::new("", "pods/status", &["patch"]),
@@ -62,6 +67,8 @@ pub const RBAC_RULES: [RbacRule; 9] = [
     RbacRule::new("resource.k8s.io", "resourceclaims", READ),
     RbacRule::new("apps", "daemonsets", &["list"]),
     RbacRule::new("events.k8s.io", "events", &["create", "patch"]),
+    RbacRule::new("", "nodes/status", &["patch"]),
+    RbacRule::new("", "pods", &["delete"]),
 ];
 
 /// The leader-election rights, in a Role of the controller's namespace (not the ClusterRole:

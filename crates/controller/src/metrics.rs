@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 19] = [
+pub const METRIC_NAMES: [(&str, &str); 23] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
@@ -31,6 +31,13 @@ pub const METRIC_NAMES: [(&str, &str); 19] = [
         "gpu_guard_controller_vanished_resources_forgotten_total",
         "counter",
     ),
+    ("gpu_guard_controller_node_conditions_set_total", "counter"),
+    (
+        "gpu_guard_controller_node_conditions_removed_total",
+        "counter",
+    ),
+    ("gpu_guard_controller_stuck_pods", "gauge"),
+    ("gpu_guard_controller_pods_force_deleted_total", "counter"),
 ];
 
 /// Every metric the controller exports.
@@ -64,6 +71,13 @@ pub struct ControllerMetrics {
     /// Device resources no longer counted as "plugin down" on their node: gone too long,
     /// replaced by another resource of the same vendor, or on a node that opted out.
     pub vanished_forgotten: Counter,
+    /// gpu-guard's Node condition added or rewritten (node repair systems read it).
+    pub node_conditions_set: Counter,
+    pub node_conditions_removed: Counter,
+    /// Pods of protected Jobs stuck Terminating on a NotReady or unreachable node, as of the
+    /// passes that judged them.
+    pub stuck_pods: Gauge,
+    pub pods_force_deleted: Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -171,6 +185,26 @@ impl Default for ControllerMetrics {
                 Counter::default(),
                 "controller_vanished_resources_forgotten",
                 "Device resources gone from a node (or whose plugin stopped) no longer judged plugin down: gone over an hour, replaced by a resource of the same vendor, or the node annotated gpu-guard.io/ignore-vanished-resources"
+            ),
+            node_conditions_set: register!(
+                Counter::default(),
+                "controller_node_conditions_set",
+                "Node conditions gpu-guard.io/DeviceDegraded=True added or rewritten on nodes holding gpu-guard's taint (in a dry run: that would have been)"
+            ),
+            node_conditions_removed: register!(
+                Counter::default(),
+                "controller_node_conditions_removed",
+                "Node conditions gpu-guard.io/DeviceDegraded removed from nodes without gpu-guard's taint (in a dry run: that would have been)"
+            ),
+            stuck_pods: register!(
+                Gauge::default(),
+                "controller_stuck_pods",
+                "Pods of protected Jobs Terminating on a NotReady or unreachable node for controller.stuckPods.afterSeconds"
+            ),
+            pods_force_deleted: register!(
+                Counter::default(),
+                "controller_pods_force_deleted",
+                "Stuck pods deleted with gracePeriodSeconds 0 (controller.stuckPods.forceDelete; in a dry run: that would have been)"
             ),
             registry,
         }

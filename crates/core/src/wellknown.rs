@@ -86,3 +86,13 @@ pub const METRICS_PATH: &str = "/metrics";
 /// whose device plugin stops (nothing allocatable), is forgotten at once instead of judged
 /// "plugin down" (a node being reconfigured, or whose GPUs are gone for good).
 pub const IGNORE_VANISHED_ANNOTATION: &str = "gpu-guard.io/ignore-vanished-resources";
+
+// === node condition for repair systems (issue 29) ===
+
+/// The Node condition the controller sets (status `"True"`) on a node it taints degraded, and
+/// removes with its taint: what node repair systems (medik8s Node Health Check) act on, as they
+/// read conditions, not taints. The API server puts no rule on a node condition's type
+/// (kubernetes `pkg/apis/core/validation/validation.go`: `ValidateNode` and
+/// `ValidateNodeUpdate` check no `status.conditions` field), so it carries gpu-guard's domain
+/// like its pod conditions.
+pub const DEVICE_DEGRADED_NODE_CONDITION: &str = "gpu-guard.io/DeviceDegraded";

@@ -174,6 +174,8 @@ pub struct State {
     pub node_patch_delay: Option<Duration>,
     /// Event writes are held this long before they are answered (a slow Event endpoint).
     pub event_delay: Option<Duration>,
+    /// The next node status patches answered 500.
+    pub node_status_failures: usize,
     /// Numbers the requests ([`Logged`]).
     next_seq: u64,
     /// Watch events reach the open watches this long after the change they report (a watch
@@ -300,6 +302,7 @@ impl Fake {
             eviction_answers: BTreeMap::new(),
             lease_delay: None,
             status_delay: None,
+            node_status_failures: 0,
             node_patch_delay: None,
             event_delay: None,
             next_seq: 0,
@@ -429,8 +432,10 @@ impl Fake {
 
         let mut state = self.lock();
         // `dryRun=All`: answered as the write would be, and nothing kept (no watch event).
-        let dry_run =
-            query.get("dryRun").map(String::as_str) == Some("All") && method != Method::GET;
+        // A DELETE carries it in its DeleteOptions body (`dryRun: ["All"]`), as kube sends it.
+        let dry_run = (query.get("dryRun").map(String::as_str) == Some("All")
+            || (method == Method::DELETE && body["dryRun"] == json!(["All"])))
+            && method != Method::GET;
         let before = dry_run.then(|| state.take_for_dry_run());
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let response = match (&method, segments.as_slice()) {
@@ -447,6 +452,12 @@ impl Fake {
                 }
             }
             (&Method::PATCH, ["api", "v1", "nodes", name]) => patch_node(&mut state, name, body),
+            (&Method::PATCH, ["api", "v1", "nodes", name, "status"]) => {
+                patch_node_status(&mut state, name, &body)
+            }
+            (&Method::DELETE, ["api", "v1", "namespaces", ns, "pods", name]) => {
+                delete_pod(&mut state, &format!("{ns}/{name}"), &body)
+            }
             (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
                 patch_pod_status(&mut state, &format!("{ns}/{name}"), &body)
             }
@@ -757,6 +768,85 @@ fn patch_node(state: &mut State, name: &str, patch: Value) -> (StatusCode, Value
     (StatusCode::OK, state.apply(NODES, None, node))
 }
 
+/// A strategic merge patch of a node's status.conditions, as the API server applies it to
+/// `nodes/{name}/status`: merged by `type` (k8s.io/api `NodeStatus.conditions`,
+/// `patchMergeKey=type`), an element `{"type": T, "$patch": "delete"}` removes the condition of
+/// type T; the node's other conditions stay.
+fn patch_node_status(state: &mut State, name: &str, patch: &Value) -> (StatusCode, Value) {
+    if state.node_status_failures > 0 {
+        state.node_status_failures -= 1;
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            status(500, "InternalError", "etcd is unhappy"),
+        );
+    }
+    let Some(mut node) = state.collections[NODES].objects.get(name).cloned() else {
+        return (StatusCode::NOT_FOUND, status(404, "NotFound", "no node"));
+    };
+    merge_conditions(&mut node, patch);
+    (StatusCode::OK, state.apply(NODES, None, node))
+}
+
+/// Merges the patch's `status.conditions` into the object's as a strategic merge patch does
+/// (merge key `type`): a condition of a new type is appended, one of a known type merged into
+/// it, and `{"type": T, "$patch": "delete"}` removes the condition of type T.
+fn merge_conditions(object: &mut Value, patch: &Value) {
+    let mut merged: Vec<Value> = object["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for condition in patch["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let at = merged.iter().position(|c| c["type"] == condition["type"]);
+        match (at, condition.get("$patch").and_then(Value::as_str)) {
+            (Some(at), Some("delete")) => {
+                merged.remove(at);
+            }
+            (None, Some("delete")) => {}
+            (Some(at), _) => json_patch::merge(&mut merged[at], condition),
+            (None, _) => merged.push(condition.clone()),
+        }
+    }
+    object["status"]["conditions"] = json!(merged);
+}
+
+/// A pod DELETE with its options (`gracePeriodSeconds`, a uid precondition): with grace period
+/// 0 the pod is gone at once (a DELETED watch event), as a force deletion removes it; a uid
+/// that is not the pod's is refused as the API server refuses it (409 Conflict).
+fn delete_pod(state: &mut State, key: &str, options: &Value) -> (StatusCode, Value) {
+    let Some(pod) = state.collections[PODS].objects.get(key).cloned() else {
+        return (
+            StatusCode::NOT_FOUND,
+            status(404, "NotFound", "pods not found"),
+        );
+    };
+    let current = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    if let Some(wanted) = options["preconditions"]["uid"].as_str()
+        && wanted != current
+    {
+        return (
+            StatusCode::CONFLICT,
+            status(
+                409,
+                "Conflict",
+                &format!(
+                    "Operation cannot be fulfilled on Pod \"{key}\": Precondition failed: UID in                      precondition: {wanted}, UID in object meta: {current}"
+                ),
+            ),
+        );
+    }
+    if options["gracePeriodSeconds"] == json!(0) {
+        (StatusCode::OK, state.apply(PODS, Some("DELETED"), pod))
+    } else {
+        let mut deleting = pod;
+        deleting["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z");
+        (StatusCode::OK, state.apply(PODS, None, deleting))
+    }
+}
+
 /// A strategic merge patch of status.conditions (merge key `type`). A `metadata.uid` in the
 /// patch that is not the pod's is refused as the API server refuses it: `metadata.uid` is
 /// immutable (422 Invalid, k8s.io/apimachinery `ValidateObjectMetaUpdate`).
@@ -780,19 +870,7 @@ fn patch_pod_status(state: &mut State, key: &str, patch: &Value) -> (StatusCode,
              "field": "metadata.uid"}]});
         return (StatusCode::UNPROCESSABLE_ENTITY, invalid);
     }
-    let mut merged: Vec<Value> = pod["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for condition in patch["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        merged.retain(|existing| existing["type"] != condition["type"]);
-        merged.push(condition.clone());
-    }
-    pod["status"]["conditions"] = json!(merged);
+    merge_conditions(&mut pod, patch);
     (StatusCode::OK, state.apply(PODS, None, pod))
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceCounterConsumption, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
@@ -23,6 +23,7 @@ use super::pods::{ClaimDrivers, PodCache};
 use gpu_guard_core::health::pod::PodFacts;
 use gpu_guard_core::policy::Policy;
 
+use gpu_guard_core::wellknown::DEVICE_DEGRADED_NODE_CONDITION;
 use gpu_guard_core::wellknown::{
     DEGRADED_OWNER_ANNOTATION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL, IGNORE_VANISHED_ANNOTATION,
 };
@@ -260,7 +261,7 @@ fn slim_slice(slice: &mut ResourceSlice) {
 /// Keeps what node decisions read and node patches need: name, uid, resourceVersion (the
 /// patches' precondition), gpu-guard's owner annotation and its opt-out
 /// `gpu-guard.io/ignore-vanished-resources` (no other: nodes carry kilobytes of them), taints,
-/// capacity and allocatable (the device counts).
+/// capacity and allocatable (the device counts), and two conditions ([`keep_conditions`]).
 pub(super) fn keep_node_taints_devices_and_owner(node: &mut Node) {
     let full = std::mem::take(node);
     *node = Node {
@@ -285,9 +286,31 @@ pub(super) fn keep_node_taints_devices_and_owner(node: &mut Node) {
         status: full.status.map(|status| NodeStatus {
             capacity: status.capacity,
             allocatable: status.allocatable,
+            conditions: keep_conditions(status.conditions),
             ..Default::default()
         }),
     };
+}
+
+/// Of a node's conditions, gpu-guard's own (whole: it is compared with what it should say)
+/// and `Ready` without its heartbeat, reason and message (whether the node is ready, since
+/// when: what stuck pods are judged by). The kubelet's heartbeats do not change what is kept.
+fn keep_conditions(conditions: Option<Vec<NodeCondition>>) -> Option<Vec<NodeCondition>> {
+    let kept: Vec<NodeCondition> = conditions
+        .into_iter()
+        .flatten()
+        .filter_map(|condition| match condition.type_.as_str() {
+            DEVICE_DEGRADED_NODE_CONDITION => Some(condition),
+            "Ready" => Some(NodeCondition {
+                type_: condition.type_,
+                status: condition.status,
+                last_transition_time: condition.last_transition_time,
+                ..NodeCondition::default()
+            }),
+            _ => None,
+        })
+        .collect();
+    (!kept.is_empty()).then_some(kept)
 }
 
 /// Keeps a namespace's name and labels (the opt-in label).

@@ -14,6 +14,13 @@ pub const REASON_SAFETY_VALVE: &str = "SafetyValve";
 pub const REASON_MARKED: &str = "DeviceFailureMarked";
 pub const REASON_PEER_MARKED: &str = "PeerDeviceFailureMarked";
 pub const REASON_EVICTED: &str = "Evicted";
+/// gpu-guard's Node condition added or rewritten, and removed.
+pub const REASON_CONDITION_SET: &str = "DeviceDegradedConditionSet";
+pub const REASON_CONDITION_REMOVED: &str = "DeviceDegradedConditionRemoved";
+/// A pod of a protected Job stuck Terminating on a NotReady or unreachable node, and its
+/// force deletion.
+pub const REASON_STUCK: &str = "StuckTerminating";
+pub const REASON_FORCE_DELETED: &str = "ForceDeleted";
 
 /// The most bytes of an Event note the API server accepts.
 pub const EVENT_NOTE_MAX_BYTES: usize = 1024;

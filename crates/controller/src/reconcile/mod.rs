@@ -49,6 +49,7 @@ use super::lease::Leadership;
 use super::metrics::ControllerMetrics;
 use gpu_guard_core::health::node::NodeHistory;
 use gpu_guard_core::health::pod::NodeState;
+use gpu_guard_core::health::pod::stuck::Unready;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::EVENT_REPORTER;
 use marker::Marker;
@@ -79,6 +80,11 @@ enum Write<'a> {
     /// Mark the pod (`namespace/name`).
     Mark(&'a str),
     Evict(&'a str),
+    /// Add or rewrite gpu-guard's Node condition, and remove it.
+    SetCondition(&'a str),
+    RemoveCondition(&'a str),
+    /// Force-delete a stuck pod (`namespace/name`).
+    ForceDelete(&'a str),
 }
 
 impl Write<'_> {
@@ -90,6 +96,9 @@ impl Write<'_> {
             Write::Untaint(_) => "untaint the node",
             Write::Mark(_) => "mark the pod",
             Write::Evict(_) => "evict the pod",
+            Write::SetCondition(_) => "set the node condition",
+            Write::RemoveCondition(_) => "remove the node condition",
+            Write::ForceDelete(_) => "force-delete the stuck pod",
         }
     }
 
@@ -101,6 +110,9 @@ impl Write<'_> {
             Write::Untaint(_) => "untaint",
             Write::Mark(_) => "mark",
             Write::Evict(_) => "evict",
+            Write::SetCondition(_) => "condition",
+            Write::RemoveCondition(_) => "uncondition",
+            Write::ForceDelete(_) => "force-delete",
         }
     }
 }
@@ -118,6 +130,14 @@ pub struct PassReport {
     pub evicted: Vec<String>,
     pub evictions_deferred: Vec<String>,
     pub errors: Vec<String>,
+    /// Nodes whose `gpu-guard.io/DeviceDegraded` condition was added or rewritten, and removed.
+    pub conditions_set: Vec<String>,
+    pub conditions_removed: Vec<String>,
+    /// Pods (`namespace/name`) found stuck Terminating on a NotReady or unreachable node
+    /// (each once), force-deleted, and whose force deletion waits for the rate limit.
+    pub stuck: Vec<String>,
+    pub force_deleted: Vec<String>,
+    pub deletions_deferred: Vec<String>,
     /// The pass stopped early: this replica's leadership ran out.
     pub stopped: bool,
 }
@@ -157,6 +177,18 @@ pub struct Reconciler {
     /// The nodes are to be read fresh from the API server before this term's first taint: the
     /// cache may not show yet what another leader did.
     fresh_read_due: bool,
+    /// Dry run: by node, the Node condition this term would have left on it (`None`: would
+    /// have removed it); nothing was stored, so these stand in for the node's own.
+    assumed_conditions: HashMap<String, Option<k8s_openapi::api::core::v1::NodeCondition>>,
+    /// The nodes that are NotReady or unreachable at the last node pass, and those whose
+    /// readiness changed then (their pods are judged again).
+    unready: HashMap<String, Unready>,
+    unready_changed: HashSet<String>,
+    /// Stuck pods (by uid) reported this term (one Event each), and those force-deleted.
+    stuck: HashSet<String>,
+    force_deleted: HashSet<String>,
+    /// The force deletion token bucket (`controller.stuckPods.deletionsPerMinute`).
+    deletion_bucket: TokenBucket,
 }
 
 impl Reconciler {
@@ -180,6 +212,7 @@ impl Reconciler {
         );
         metrics.dry_run.set(i64::from(policy.controller.dry_run));
         let bucket = TokenBucket::per_minute(policy.controller.pods.evictions_per_minute);
+        let deletion_policy = policy.controller.stuck_pods.clone();
         let marker = Arc::new(Marker::new(
             config_for_marker,
             recorder.clone(),
@@ -203,6 +236,12 @@ impl Reconciler {
             dra_hint_logged: false,
             written: std::sync::Mutex::default(),
             fresh_read_due: true,
+            assumed_conditions: HashMap::new(),
+            unready: HashMap::new(),
+            unready_changed: HashSet::new(),
+            stuck: HashSet::new(),
+            force_deleted: HashSet::new(),
+            deletion_bucket: TokenBucket::per_minute(deletion_policy.deletions_per_minute),
         })
     }
 
@@ -238,15 +277,28 @@ impl Reconciler {
         self.marker.reset();
         self.evicted.clear();
         self.backoff.clear();
-        let per_minute = self.policy.controller.pods.evictions_per_minute;
-        self.bucket = if self.leadership.is_some() {
-            TokenBucket::empty(per_minute, now)
-        } else {
-            TokenBucket::per_minute(per_minute)
-        };
+        self.bucket = self.term_bucket(self.policy.controller.pods.evictions_per_minute, now);
         self.metrics.gpu_nodes.set(0);
         self.metrics.tainted_nodes.set(0);
         self.metrics.degraded_nodes.set(0);
+        // Stuck pods are reported again by the new term; deletions share the rule of
+        // evictions: no second burst on a change of leader.
+        self.assumed_conditions.clear();
+        self.stuck.clear();
+        self.force_deleted.clear();
+        self.deletion_bucket =
+            self.term_bucket(self.policy.controller.stuck_pods.deletions_per_minute, now);
+        self.metrics.stuck_pods.set(0);
+    }
+
+    /// A rate limit's bucket at the start of a term at `now`: empty under an election (a
+    /// change of leader adds no burst to the previous leader's), full without one.
+    fn term_bucket(&self, per_minute: u32, now: Timestamp) -> TokenBucket {
+        if self.leadership.is_some() {
+            TokenBucket::empty(per_minute, now)
+        } else {
+            TokenBucket::per_minute(per_minute)
+        }
     }
 
     fn dry_run(&self) -> bool {
@@ -302,15 +354,8 @@ impl Reconciler {
         // The dirty pods are judged either way.
         let mut pods = caches.pods.take_dirty();
         let everyone = full || opted_in != self.opted_in;
-        let changed: HashSet<&String> = node_states
-            .iter()
-            .filter(|(node, state)| self.node_states.get(*node) != Some(*state))
-            .map(|(node, _)| node)
-            .chain(
-                self.node_states
-                    .keys()
-                    .filter(|node| !node_states.contains_key(*node)),
-            )
+        let changed: HashSet<&String> = changed_keys(&self.node_states, &node_states)
+            .chain(self.unready_changed.iter())
             .collect();
         if everyone {
             pods = caches.pods.snapshot();
@@ -380,11 +425,15 @@ impl Reconciler {
         self.metrics.reconcile_errors.inc();
         let doing = write.doing();
         let object = match write {
-            Write::ClearAnnotation(node) | Write::Taint(node) | Write::Untaint(node) => {
+            Write::ClearAnnotation(node)
+            | Write::Taint(node)
+            | Write::Untaint(node)
+            | Write::SetCondition(node)
+            | Write::RemoveCondition(node) => {
                 tracing::warn!(node = %node, %error, "cannot {doing}; retrying on the next pass");
                 node
             }
-            Write::Mark(pod) | Write::Evict(pod) => {
+            Write::Mark(pod) | Write::Evict(pod) | Write::ForceDelete(pod) => {
                 tracing::warn!(pod = %pod, %error, "cannot {doing}; retrying on the next pass");
                 pod
             }
@@ -394,4 +443,15 @@ impl Reconciler {
             .push(format!("{} {object}: {error}", write.label()));
         Ok(None)
     }
+}
+
+/// The keys whose value differs between `old` and `new`, or that are in only one of them.
+fn changed_keys<'a, V: PartialEq>(
+    old: &'a HashMap<String, V>,
+    new: &'a HashMap<String, V>,
+) -> impl Iterator<Item = &'a String> {
+    new.iter()
+        .filter(|(key, value)| old.get(*key) != Some(*value))
+        .map(|(key, _)| key)
+        .chain(old.keys().filter(|key| !new.contains_key(*key)))
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -23,13 +23,22 @@ use kube::api::{ListParams, Patch};
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
-use super::events::{REASON_DEGRADED, REASON_RECOVERED, REASON_SAFETY_VALVE, node_ref};
+use super::events::{
+    REASON_CONDITION_REMOVED, REASON_CONDITION_SET, REASON_DEGRADED, REASON_RECOVERED,
+    REASON_SAFETY_VALVE, node_ref,
+};
 use super::{Caches, PassReport, Reconciler, Stop, Write, WriteError};
+use gpu_guard_core::health::node::condition::{
+    self, ConditionAction, Degradation, condition_action, degraded_condition, wanted_condition,
+};
 use gpu_guard_core::health::node::{
     self, NodeHistory, NodeVerdict, Ownership, TaintDecision, node_verdict_with, ownership,
 };
 use gpu_guard_core::health::pod::NodeState;
-use gpu_guard_core::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY};
+use gpu_guard_core::health::pod::stuck::{Unready, node_unready};
+use gpu_guard_core::wellknown::{
+    DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, DEVICE_DEGRADED_NODE_CONDITION,
+};
 
 /// Attempts of a node taint patch that meets a conflict (someone else changed the node).
 const NODE_PATCH_ATTEMPTS: usize = 3;
@@ -176,6 +185,7 @@ impl Reconciler {
             })
             .count();
         let mut node_states: HashMap<String, NodeState> = HashMap::new();
+        self.note_readiness(&verdicts);
 
         for (node, mut verdict) in verdicts {
             let name = node.metadata.name.clone().unwrap_or_default();
@@ -275,6 +285,8 @@ impl Reconciler {
             if !matches!(verdict.decision, TaintDecision::Taint) {
                 self.valve_reported.remove(&name);
             }
+            self.converge_condition(&node, &verdict, holds_taint, now, report)
+                .await?;
             // Pods are marked for their node only while it holds gpu-guard's taint and is still
             // degraded for a resource they use: not during the recovery window.
             if holds_taint && !verdict.degraded.is_empty() {
@@ -302,6 +314,158 @@ impl Reconciler {
             .degraded_nodes
             .set(i64::try_from(degraded).unwrap_or(i64::MAX));
         Ok(node_states)
+    }
+
+    /// Keeps which nodes are NotReady or unreachable ([`node_unready`]), for the stuck pods,
+    /// and which of them changed since the last node pass (their pods are judged again).
+    fn note_readiness(&mut self, verdicts: &[(Arc<Node>, NodeVerdict)]) {
+        let unready: HashMap<String, Unready> = verdicts
+            .iter()
+            .filter_map(|(node, _)| {
+                let name = node.metadata.name.clone()?;
+                node_unready(node).map(|unready| (name, unready))
+            })
+            .collect();
+        self.unready_changed = super::changed_keys(&self.unready, &unready)
+            .cloned()
+            .collect();
+        self.unready = unready;
+    }
+
+    /// Brings gpu-guard's Node condition in line with its taint ([`wanted_condition`]): set
+    /// while the node holds the taint (`holds_taint`, after this pass's decision), removed
+    /// otherwise, whoever removed the taint. A failed write is retried on the next pass.
+    async fn converge_condition(
+        &mut self,
+        node: &Node,
+        verdict: &NodeVerdict,
+        holds_taint: bool,
+        now: Timestamp,
+        report: &mut PassReport,
+    ) -> Result<(), Stop> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        // A dry run stores nothing: what it would have done stands in for the node's condition.
+        let current = match self.assumed_conditions.get(&name) {
+            Some(assumed) => assumed.clone(),
+            None => degraded_condition(node).cloned(),
+        };
+        let since = condition::tainted_since(current.as_ref(), node, now);
+        let why = Degradation::unusable_devices(verdict, since);
+        let recovering = verdict.degraded.is_empty();
+        let wanted = wanted_condition(current.as_ref(), holds_taint, recovering, why);
+        match condition_action(current.as_ref(), wanted) {
+            ConditionAction::Nothing => {}
+            ConditionAction::Set(why) => {
+                let set = self.set_condition(node, current.as_ref(), &why, now).await;
+                if self
+                    .settle(Write::SetCondition(&name), set, report)?
+                    .is_some()
+                {
+                    self.metrics.node_conditions_set.inc();
+                    report.conditions_set.push(name);
+                }
+            }
+            ConditionAction::Remove => {
+                let removed = if degraded_condition(node).is_none() {
+                    // Only assumed (a dry run set none): nothing to send.
+                    self.assumed_conditions.insert(name.clone(), None);
+                    self.condition_removed(node, "dry run: would remove").await;
+                    Ok(())
+                } else {
+                    self.remove_condition(node).await
+                };
+                if self
+                    .settle(Write::RemoveCondition(&name), removed, report)?
+                    .is_some()
+                {
+                    self.metrics.node_conditions_removed.inc();
+                    report.conditions_removed.push(name);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds or rewrites the condition (`nodes/status`, a strategic merge patch that touches no
+    /// other condition), with its Event.
+    async fn set_condition(
+        &mut self,
+        node: &Node,
+        current: Option<&NodeCondition>,
+        why: &Degradation,
+        now: Timestamp,
+    ) -> Result<(), WriteError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let patch = condition::set_condition_patch(current, why, now);
+        self.patch_node_status(&name, &patch).await?;
+        let done = if self.dry_run() {
+            let value = condition::degraded_condition_value(current, why, now);
+            self.assumed_conditions.insert(name.clone(), Some(value));
+            "dry run: would set"
+        } else {
+            "set"
+        };
+        let note = format!(
+            "{done} the node condition {DEVICE_DEGRADED_NODE_CONDITION}=True, reason {}: {}",
+            why.reason, why.message
+        );
+        tracing::info!(node = %name, "{note}");
+        self.event(
+            &node_ref(node),
+            EventType::Warning,
+            REASON_CONDITION_SET,
+            "SetCondition",
+            note,
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Removes the condition, alone (`$patch: delete` for its type), with its Event.
+    async fn remove_condition(&mut self, node: &Node) -> Result<(), WriteError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        self.patch_node_status(&name, &condition::remove_condition_patch())
+            .await?;
+        let done = if self.dry_run() {
+            self.assumed_conditions.insert(name.clone(), None);
+            "dry run: would remove"
+        } else {
+            "removed"
+        };
+        self.condition_removed(node, done).await;
+        Ok(())
+    }
+
+    async fn condition_removed(&self, node: &Node, done: &str) {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let note = format!(
+            "{done} the node condition {DEVICE_DEGRADED_NODE_CONDITION}: the node does not hold              gpu-guard's {DEGRADED_TAINT_KEY} taint"
+        );
+        tracing::info!(node = %name, "{note}");
+        self.event(
+            &node_ref(node),
+            EventType::Normal,
+            REASON_CONDITION_REMOVED,
+            "RemoveCondition",
+            note,
+        )
+        .await;
+    }
+
+    /// Sends a strategic merge patch of `nodes/{name}/status` (in a dry run with `dryRun=All`).
+    /// No resourceVersion precondition: the conditions merge by type, so a concurrent writer
+    /// of another condition (the kubelet every few seconds) loses nothing, and a stale
+    /// decision is corrected on the next pass.
+    async fn patch_node_status(&self, name: &str, patch: &Value) -> Result<(), WriteError> {
+        self.ensure_leading()?;
+        let api = Api::<Node>::all(self.client.clone());
+        let written = api
+            .patch_status(name, &self.patch_params(), &Patch::Strategic(patch))
+            .await?;
+        if !self.dry_run() {
+            self.remember(written);
+        }
+        Ok(())
     }
 
     /// Removes the owner annotation of a node whose taint is gone (someone removed it by hand):

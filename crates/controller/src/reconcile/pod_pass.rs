@@ -11,14 +11,15 @@ use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::events::EventType;
 
 use super::Caches;
-use super::events::REASON_EVICTED;
+use super::events::{REASON_EVICTED, REASON_FORCE_DELETED, REASON_STUCK};
 use super::pods::PodCache;
 use super::throttle::Backoff;
 use super::{PassReport, Reconciler, Stop, Write, WriteError};
+use gpu_guard_core::health::pod::stuck::{Stuck, stuck_message, stuck_verdict};
 use gpu_guard_core::health::pod::{Action, Cause, PodFacts, verdict};
 
 impl Reconciler {
@@ -40,6 +41,7 @@ impl Reconciler {
                 continue;
             }
             let pod = caches.claims.resolve(pod, &self.policy);
+            self.judge_stuck(&pod, now, report).await?;
             let node_state = pod
                 .node
                 .as_ref()
@@ -169,6 +171,139 @@ impl Reconciler {
         self.marker.retain(&uids);
         self.evicted.retain(|uid| uids.contains(uid.as_str()));
         self.backoff.retain(|uid, _| uids.contains(uid.as_str()));
+        self.stuck.retain(|uid| uids.contains(uid.as_str()));
+        self.force_deleted.retain(|uid| uids.contains(uid.as_str()));
+        self.count_stuck();
+    }
+
+    fn count_stuck(&self) {
+        self.metrics
+            .stuck_pods
+            .set(i64::try_from(self.stuck.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Whether the pod is stuck Terminating on a NotReady or unreachable node
+    /// ([`stuck_verdict`], against the readiness of the last node pass): reported once (an
+    /// Event, the gauge), and, when `controller.stuckPods.forceDelete` is on, force-deleted
+    /// within `deletionsPerMinute`. `Err(Stop)` when leadership ran out.
+    async fn judge_stuck(
+        &mut self,
+        pod: &PodFacts,
+        now: Timestamp,
+        report: &mut PassReport,
+    ) -> Result<(), Stop> {
+        let unready = pod.node.as_ref().and_then(|node| self.unready.get(node));
+        let (since, force_delete) = match stuck_verdict(pod, unready, &self.policy, now) {
+            Stuck::Yes {
+                since,
+                force_delete,
+                ..
+            } => (since, force_delete),
+            Stuck::No | Stuck::Waiting { .. } => {
+                if self.stuck.remove(&pod.uid) {
+                    self.count_stuck();
+                }
+                return Ok(());
+            }
+        };
+        let id = pod.id();
+        if !self.stuck.contains(&pod.uid) {
+            if self.ensure_leading().is_err() {
+                return Err(Stop);
+            }
+            self.stuck.insert(pod.uid.clone());
+            self.count_stuck();
+            let note = stuck_message(pod, since, force_delete);
+            tracing::warn!(pod = %id, "{note}");
+            self.event(
+                &pod.object_ref(),
+                EventType::Warning,
+                REASON_STUCK,
+                "Report",
+                note,
+            )
+            .await;
+            report.stuck.push(id.clone());
+        }
+        if !force_delete || self.force_deleted.contains(&pod.uid) {
+            return Ok(());
+        }
+        if self.ensure_leading().is_err() {
+            return Err(Stop);
+        }
+        if !self.deletion_bucket.take(now) {
+            tracing::info!(pod = %id, "force deletion rate limit reached; deleting on a later pass");
+            report.deletions_deferred.push(id);
+            return Ok(());
+        }
+        let deleted = self.force_delete(pod, since).await;
+        let deleted = self
+            .settle(Write::ForceDelete(&id), deleted, report)
+            .inspect_err(|_| self.deletion_bucket.refund())?;
+        match deleted {
+            Some(true) => {
+                self.force_deleted.insert(pod.uid.clone());
+                self.metrics.pods_force_deleted.inc();
+                report.force_deleted.push(id);
+            }
+            // Gone already, or replaced by a pod of the same name: nothing was deleted.
+            Some(false) => {
+                self.force_deleted.insert(pod.uid.clone());
+                self.deletion_bucket.refund();
+            }
+            None => self.deletion_bucket.refund(),
+        }
+        Ok(())
+    }
+
+    /// Deletes the pod with `gracePeriodSeconds: 0` and its uid as a precondition (only the
+    /// pod the cache knows; in a dry run with `dryRun=All`). `Ok(false)`: it is gone already
+    /// (404), or another pod took its name (the uid precondition failed, 409).
+    async fn force_delete(&self, pod: &PodFacts, since: Timestamp) -> Result<bool, WriteError> {
+        self.ensure_leading()?;
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        let params = DeleteParams {
+            dry_run: self.dry_run(),
+            grace_period_seconds: Some(0),
+            preconditions: (!pod.uid.is_empty()).then(|| kube::api::Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let id = pod.id();
+        match api.delete(&pod.name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                tracing::info!(pod = %id, "not force-deleted: the pod is gone already");
+                return Ok(false);
+            }
+            Err(error) if super::marker::replaced(&error) => {
+                tracing::info!(pod = %id, uid = %pod.uid,
+                    "not force-deleted: the pod was replaced by another of the same name ({error})");
+                return Ok(false);
+            }
+            Err(error) => return Err(error.into()),
+        }
+        let node = pod.node.as_deref().unwrap_or("(none)");
+        let done = if self.dry_run() {
+            "dry run: would force-delete"
+        } else {
+            "force-deleted"
+        };
+        let note = format!(
+            "{done} (gracePeriodSeconds 0, controller.stuckPods.forceDelete): Terminating on              node {node}, NotReady or unreachable, since {since}; its Job can now replace it"
+        );
+        tracing::warn!(pod = %id, "{note}");
+        self.event(
+            &pod.object_ref(),
+            EventType::Warning,
+            REASON_FORCE_DELETED,
+            "Delete",
+            note,
+        )
+        .await;
+        Ok(true)
     }
 
     /// Evicts the pod, or says why it was not: a 429 answer is a PodDisruptionBudget's refusal

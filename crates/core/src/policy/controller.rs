@@ -31,6 +31,8 @@ pub struct Controller {
     pub node_health: NodeHealth,
     /// The device-failure pod watcher.
     pub pods: PodWatcher,
+    /// Pods of protected Jobs stuck Terminating on a NotReady or unreachable node.
+    pub stuck_pods: StuckPods,
 }
 
 impl Default for Controller {
@@ -40,6 +42,7 @@ impl Default for Controller {
             resync_seconds: 15,
             node_health: NodeHealth::default(),
             pods: PodWatcher::default(),
+            stuck_pods: StuckPods::default(),
         }
     }
 }
@@ -139,6 +142,44 @@ impl Default for PodWatcher {
     }
 }
 
+/// Pods of protected Jobs (a device pod whose controller is a Job, in an opted-in namespace)
+/// that are Terminating on a node that is NotReady or unreachable: with a podFailurePolicy the
+/// Job must use `podReplacementPolicy: Failed`, so such a pod holds its replacement back until
+/// it is gone, which on an unreachable node is never, unless someone force-deletes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct StuckPods {
+    /// Seconds a pod must have been Terminating (past its grace period: its
+    /// deletionTimestamp) on a node that is NotReady or unreachable (since its Ready condition
+    /// changed, or its unreachable taint was added) before it counts as stuck: reported with an
+    /// Event and the stuck-pods gauge, and force-deleted when `forceDelete` is on. 300: the
+    /// default `tolerationSeconds` of the not-ready and unreachable taints, so a node that
+    /// comes back within the time Kubernetes itself waits is left alone (at most 30 days).
+    #[schemars(range(min = 0, max = 2_592_000))]
+    pub after_seconds: u64,
+    /// Delete stuck pods with `gracePeriodSeconds: 0` so their Job can replace them. Off by
+    /// default: the pod may still run on a partitioned node, holding its GPUs and writing to
+    /// shared storage, next to its replacement. Prefer the node.kubernetes.io/out-of-service
+    /// taint on a node known to be down (docs/controller.md).
+    pub force_delete: bool,
+    /// At most this many force deletions per minute, cluster-wide (a token bucket that holds
+    /// as many): a partition that cuts off a rack makes hundreds of pods stuck at once, and
+    /// every deletion starts a replacement that may run beside a pod still alive. 5, as
+    /// evictions.
+    #[schemars(range(min = 1))]
+    pub deletions_per_minute: u32,
+}
+
+impl Default for StuckPods {
+    fn default() -> Self {
+        Self {
+            after_seconds: 300,
+            force_delete: false,
+            deletions_per_minute: 5,
+        }
+    }
+}
+
 /// The `controller` section's semantic rules.
 pub(super) fn validate_controller(controller: &Controller) -> Vec<(FieldPath, String)> {
     let mut problems = Vec::new();
@@ -211,6 +252,29 @@ pub(super) fn validate_controller(controller: &Controller) -> Vec<(FieldPath, St
             "must be at least 1; to evict nothing, set evictPods: false".to_owned(),
         ));
     }
+    problems.extend(validate_stuck_pods(&controller.stuck_pods, &root));
+    problems
+}
+
+/// The rules of `controller.stuckPods`.
+fn validate_stuck_pods(stuck: &StuckPods, root: &FieldPath) -> Vec<(FieldPath, String)> {
+    let mut problems = Vec::new();
+    let path = root.child("stuckPods");
+    if stuck.after_seconds > MAX_HOLD_SECONDS {
+        problems.push((
+            path.child("afterSeconds"),
+            format!(
+                "must be at most {MAX_HOLD_SECONDS} (30 days), found {}",
+                stuck.after_seconds
+            ),
+        ));
+    }
+    if stuck.deletions_per_minute == 0 {
+        problems.push((
+            path.child("deletionsPerMinute"),
+            "must be at least 1; to delete nothing, set forceDelete: false".to_owned(),
+        ));
+    }
     problems
 }
 
@@ -255,6 +319,24 @@ mod tests {
                 "controller.nodeHealth.unusableDevices.percent: must be 1 to 100, found 101",
                 "controller.nodeHealth.maxTaintedPercent: must be 0 to 100, found 150",
                 "controller.pods.evictionsPerMinute: must be at least 1; to evict nothing, set evictPods: false",
+            ]
+        );
+    }
+
+    #[test]
+    fn stuck_pod_settings_are_checked_with_their_field() {
+        let mut controller = Controller::default();
+        assert_eq!(controller.stuck_pods.after_seconds, 300);
+        assert!(!controller.stuck_pods.force_delete);
+        controller.stuck_pods.after_seconds = MAX_HOLD_SECONDS;
+        assert_eq!(messages(&controller), Vec::<String>::new());
+        controller.stuck_pods.after_seconds = MAX_HOLD_SECONDS + 1;
+        controller.stuck_pods.deletions_per_minute = 0;
+        assert_eq!(
+            messages(&controller),
+            [
+                "controller.stuckPods.afterSeconds: must be at most 2592000 (30 days), found 2592001",
+                "controller.stuckPods.deletionsPerMinute: must be at least 1; to delete nothing, set forceDelete: false",
             ]
         );
     }

@@ -30,6 +30,7 @@ pub use guard::{
 };
 pub use load::{PolicyError, PolicyProblem, load, parse};
 
+pub use controller::StuckPods;
 pub use controller::{Controller, NodeHealth, PodWatcher, UnusableThreshold};
 
 use crate::wellknown::DEVICE_FAILURE_CONDITION;

@@ -23,6 +23,7 @@
 //! replaced, not down, when a resource of the same vendor new to the node appears with it
 //! ([`NodeVerdict::forgotten`]).
 
+pub mod condition;
 pub mod daemonsets;
 
 use std::collections::{BTreeMap, BTreeSet};

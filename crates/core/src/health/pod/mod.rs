@@ -14,6 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
+pub mod stuck;
+
 use crate::policy::Policy;
 use crate::wellknown::{
     DEGRADED_TAINT_KEY, DEVICE_FAILURE_CONDITION, GANG_KEY, PEER_DEVICE_FAILURE_CONDITION,
@@ -141,6 +143,11 @@ pub struct PodFacts {
     pub completion_index: Option<String>,
     /// `metadata.creationTimestamp`.
     pub created: Option<Timestamp>,
+    /// `metadata.deletionTimestamp`: when the pod's grace period ends (it is set to the time
+    /// of the deletion plus the grace period).
+    pub deletion: Option<Timestamp>,
+    /// A pod of a Job gpu-guard protects ([`stuck::is_protected`]).
+    pub protected: bool,
 }
 
 impl PodFacts {
@@ -174,6 +181,8 @@ impl PodFacts {
                 .and_then(|annotations| annotations.get(COMPLETION_INDEX_ANNOTATION))
                 .cloned(),
             created: pod.metadata.creation_timestamp.as_ref().map(|time| time.0),
+            deletion: pod.metadata.deletion_timestamp.as_ref().map(|time| time.0),
+            protected: stuck::is_protected(pod),
         }
     }
 

@@ -26,6 +26,7 @@ const PRINTED_BY: &[(&str, &[&str])] = &[
     ("crates/core/src/mutate/", ENGINE),
     ("crates/core/src/guard/", &["serve", "check"]),
     ("crates/core/src/health/", &["controller"]),
+    ("crates/core/src/simulate/", &["simulate"]),
     ("crates/manifest/src/", &["mutate", "check"]),
     // Every command that makes a Kubernetes client.
     (
@@ -40,6 +41,7 @@ const PRINTED_BY: &[(&str, &[&str])] = &[
     ("src/cli/serve.rs", &["serve"]),
     ("src/cli/controller.rs", &["controller"]),
     ("src/cli/mutate.rs", &["mutate"]),
+    ("src/cli/simulate.rs", &["simulate"]),
     ("src/cli/check/", &["check"]),
     (
         "src/cli/generate.rs",
@@ -54,6 +56,7 @@ const ALL: &[&str] = &[
     "controller",
     "mutate",
     "check",
+    "simulate",
     "generate failure-policy",
     "generate webhook-config",
     "policy check",

@@ -253,7 +253,9 @@ async fn synced_only_after_both_lists_then_answers_from_the_cache() {
             "nodes",
             "resourceclaimtemplates",
             "resourceclaims",
-            "deviceclasses"
+            "deviceclasses",
+            "jobs",
+            "jobsets"
         ]
     );
 }

@@ -1025,7 +1025,8 @@ async fn readiness_waits_for_the_cluster_caches_and_lookups_meanwhile_are_500() 
         (status, text.as_str()),
         (
             503,
-            "waiting for the cluster caches to sync (PriorityClasses, Nodes and the DRA objects)\n"
+            "waiting for the cluster caches to sync (PriorityClasses, Nodes, the DRA objects, and the \
+             Jobs and JobSets with device failures on record)\n"
         )
     );
     let (_, metrics) = admin_get(&running, "/metrics").await;

@@ -64,7 +64,7 @@ const CACHE: &str = "cluster cache";
 ///
 /// # What is cached
 ///
-/// [`ClusterCache::start`] runs five reflectors, each a Tokio task that lists once and then
+/// [`ClusterCache::start`] runs seven reflectors, each a Tokio task that lists once and then
 /// watches:
 /// - `scheduling.k8s.io/v1` PriorityClasses, slimmed to name, `value` and `globalDefault`;
 /// - `core/v1` Nodes, slimmed to name, labels, `spec.taints` and `status.capacity` (managed
@@ -75,7 +75,13 @@ const CACHE: &str = "cluster cache";
 ///   pod costs a few hundred bytes), and DeviceClasses, slimmed to name, creation time and
 ///   `extendedResourceName`: to tell whether a container's DRA claim is a device. These three
 ///   are optional: on a cluster that does not serve `resource.k8s.io/v1` (before 1.34, or the
-///   API disabled) the list answers `404`, and the cache counts as synced and empty.
+///   API disabled) the list answers `404`, and the cache counts as synced and empty;
+/// - `batch/v1` Jobs and `jobset.x-k8s.io/v1alpha2` JobSets labelled
+///   `gpu-guard.io/device-failures=true` (those whose device failures the controller
+///   records: a few, whatever the number of Jobs), slimmed to name, namespace and the
+///   `gpu-guard.io/device-failures` annotation, for a Pod CREATE to keep a new pod off the
+///   nodes where its workload failed ([`Memories`]). JobSets are optional, as the DRA objects
+///   are: without the CRD, none.
 ///
 /// The guard asks the cache, never the API server: **no API call happens in the request path**.
 /// Lookups read an in-memory map behind a lock held for a hash lookup (or, for the global
@@ -96,8 +102,9 @@ const CACHE: &str = "cluster cache";
 /// # RBAC
 ///
 /// The service account needs `get`, `list` and `watch` on `priorityclasses`
-/// (`scheduling.k8s.io`), on `nodes` (core, `""`) and on `resourceclaimtemplates`,
-/// `resourceclaims` and `deviceclasses` (`resource.k8s.io`), cluster-wide; nothing more:
+/// (`scheduling.k8s.io`), on `nodes` (core, `""`), on `resourceclaimtemplates`,
+/// `resourceclaims` and `deviceclasses` (`resource.k8s.io`), on `jobs` (`batch`) and on
+/// `jobsets` (`jobset.x-k8s.io`), cluster-wide; nothing more:
 ///
 /// ```yaml
 /// apiVersion: rbac.authorization.k8s.io/v1
@@ -113,6 +120,12 @@ const CACHE: &str = "cluster cache";
 ///     verbs: ["get", "list", "watch"]
 ///   - apiGroups: ["resource.k8s.io"]
 ///     resources: ["resourceclaimtemplates", "resourceclaims", "deviceclasses"]
+///     verbs: ["get", "list", "watch"]
+///   - apiGroups: ["batch"]
+///     resources: ["jobs"]
+///     verbs: ["get", "list", "watch"]
+///   - apiGroups: ["jobset.x-k8s.io"]
+///     resources: ["jobsets"]
 ///     verbs: ["get", "list", "watch"]
 /// ```
 ///
@@ -369,9 +382,8 @@ fn watch<K>(resource: &'static str, api: Api<K>, slim: fn(&mut K), optional: boo
 }
 
 impl ClusterCache {
-    /// Starts the PriorityClass and Node reflectors on the current Tokio runtime and returns at
-    /// once: the cache is not synced until both have listed (see
-    /// [`ClusterCache::wait_synced`]).
+    /// Starts the reflectors on the current Tokio runtime and returns at once: the cache is
+    /// not synced until each has listed (see [`ClusterCache::wait_synced`]).
     ///
     /// # Panics
     ///

@@ -5,6 +5,9 @@
 //!   Patch is derived from the engine's changes and proven to apply to the raw request object
 //!   before it is sent. No change: no patch and no patchType. UPDATE, DELETE, CONNECT and every
 //!   other kind: allowed, no patch (a Job's pod template and podFailurePolicy are immutable).
+//!   A Pod CREATE (the Job pods' own webhook) is kept off the nodes where its workload's devices
+//!   failed, read from [`Memories`] ([`review_with_memories`]; `place`): the patch goes with
+//!   the audit annotation [`AVOIDED_AUDIT_KEY`], never a warning.
 //! - `/validate`: the GPU-node priority guard ([`gpu_guard_core::guard`]) judges Pods and the pod
 //!   template of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers,
 //!   Jobs and CronJobs at CREATE and UPDATE (an UPDATE that leaves the pod spec as it was, or

@@ -259,6 +259,32 @@ mod webhook {
         unchanged(&update, &policy, &Recorded(memory()));
     }
 
+    /// A JobSet's record: its child Jobs (and their pods) are recreated by a gang restart.
+    struct JobSetRecord;
+
+    impl Memories for JobSetRecord {
+        fn memory_annotation(&self, workload: &WorkloadRef) -> Option<String> {
+            (workload.to_string() == "JobSet ml/llm").then(memory)
+        }
+    }
+
+    #[test]
+    fn a_jobset_pod_reads_the_jobsets_record_not_its_child_jobs() {
+        let policy = Policy::embedded();
+        let mut body = job_pod_review("llm-workers-0");
+        body["request"]["object"]["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] =
+            json!("llm");
+        let (response, pod) = admitted(&body, &policy, &JobSetRecord);
+        assert_eq!(excluded(&pod), [["gpu-7", "gpu-3"]]);
+        assert_eq!(
+            response["auditAnnotations"]["avoided-nodes"],
+            "kept off nodes gpu-7, gpu-3, where JobSet ml/llm failed of a device"
+        );
+        // The same child Job's pod outside a JobSet has no record.
+        let (response, _) = admitted(&job_pod_review("llm-workers-0"), &policy, &JobSetRecord);
+        assert!(response.get("patch").is_none());
+    }
+
     #[test]
     fn a_record_that_is_not_gpu_guards_admits_the_pod_unchanged_and_says_so() {
         let policy = Policy::embedded();

@@ -19,6 +19,7 @@ use gpu_guard_core::memory::{self as memory, MEMORY_ANNOTATION, Memory, Workload
 use gpu_guard_core::mutate::{SkipReason, object, other_kinds};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Document, DocumentWriter, Format};
+use gpu_guard_runtime::cluster::ClusterCache;
 
 #[derive(Debug, Args)]
 pub struct MutateArgs {
@@ -34,7 +35,8 @@ pub struct MutateArgs {
     /// Resolve DRA claims also from the ResourceClaimTemplates, ResourceClaims and
     /// DeviceClasses of the cluster this kubeconfig names (those in the input come first).
     /// Without it, only the input's are known: a claim it does not ship is reported, not
-    /// guessed.
+    /// guessed. A new pod of a Job also avoids the nodes in the device-failure record of its
+    /// Job or JobSet in the cluster, besides those of the input's failed pods.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// With --kubeconfig: how long to wait for the cluster's objects to be listed.
@@ -114,6 +116,10 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
         .filter_map(|runtime| KnownRuntime::judge(runtime, policy, dra))
         .collect();
     memories.record_failures(&ran, policy, dra);
+    let memories = LayeredMemories {
+        input: &memories,
+        cluster: cluster.as_ref().map(|(_runtime, cache)| cache),
+    };
     let mut run = Run {
         policy,
         dra,
@@ -164,7 +170,7 @@ struct Run<'a, 'w> {
     policy: &'a Policy,
     dra: &'a dyn DraFacts,
     /// The device failures of the input's workloads, for their new pods.
-    memories: &'a OfflineMemories,
+    memories: &'a dyn Memories,
     /// The Trainer runtimes of the input, for the TrainJobs that name them.
     runtimes: Vec<KnownRuntime>,
     log: &'a mut Log<'w>,
@@ -471,13 +477,47 @@ impl OfflineMemories {
 
 impl Memories for OfflineMemories {
     fn memory_annotation(&self, workload: &WorkloadRef) -> Option<String> {
+        self.over(workload, None)
+    }
+}
+
+impl OfflineMemories {
+    /// The memory of `workload`: the input's, recorded over `under` (the cluster's record,
+    /// with --kubeconfig), as the controller would record the input's pods on it. A record
+    /// that is not gpu-guard's, in the input or the cluster, is returned as it is, to be
+    /// reported.
+    fn over(&self, workload: &WorkloadRef, under: Option<String>) -> Option<String> {
         if let Some(foreign) = self.foreign.get(workload) {
             return Some(foreign.clone());
         }
-        self.memories
-            .get(workload)
-            .filter(|memory| !memory.failures.is_empty())
-            .map(Memory::to_annotation)
+        let input = self.memories.get(workload);
+        let Some(under) = under else {
+            return input
+                .filter(|memory| !memory.failures.is_empty())
+                .map(Memory::to_annotation);
+        };
+        let (Some(input), Ok(mut memory)) = (input, Memory::of_annotation(Some(&under))) else {
+            return Some(under);
+        };
+        for failure in &input.failures {
+            memory.record(failure.clone());
+        }
+        Some(memory.to_annotation())
+    }
+}
+
+/// The input's memories over the cluster's (`--kubeconfig`).
+struct LayeredMemories<'a> {
+    input: &'a OfflineMemories,
+    cluster: Option<&'a ClusterCache>,
+}
+
+impl Memories for LayeredMemories<'_> {
+    fn memory_annotation(&self, workload: &WorkloadRef) -> Option<String> {
+        let under = self
+            .cluster
+            .and_then(|cluster| cluster.memory_annotation(workload));
+        self.input.over(workload, under)
     }
 }
 

@@ -407,3 +407,38 @@ mod webhook {
         running.shutdown().await;
     }
 }
+
+/// `mutate --kubeconfig`: the record of the Job in the cluster counts, the input's failed pods
+/// recorded over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutate_with_a_kubeconfig_adds_the_clusters_record() {
+    use crate::support::fake_api::{Fake, JOBS};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = Fake::start().await;
+    fake.set(
+        JOBS,
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "train", "namespace": "ml",
+                "labels": {"gpu-guard.io/device-failures": "true"},
+                "annotations": {"gpu-guard.io/device-failures":
+                    r#"{"total":1,"failures":[{"node":"gpu-1","pod":"train-old","at":"2026-12-04T08:00:00Z","cause":"exit code 74 in container trainer"}]}"#}},
+            "spec": {"template": {"spec": {"containers": []}}}}),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = crate::cluster::kubeconfig_for(&fake, dir.path());
+    let args = vec![
+        "gpu-guard".to_owned(),
+        "mutate".to_owned(),
+        "--kubeconfig".to_owned(),
+        kubeconfig.display().to_string(),
+        "-f".to_owned(),
+        fixture().display().to_string(),
+    ];
+    // `mutate` runs its own runtime: call it off this one.
+    let report = tokio::task::spawn_blocking(move || crate::support::run_in_process(args))
+        .await
+        .expect("mutate ran");
+    assert_eq!(report.exit_code, 0, "{}", report.stderr);
+    let after = documents(&report.stdout);
+    assert_eq!(excluded(&after[4]), [["gpu-7", "gpu-3", "gpu-1"]]);
+}

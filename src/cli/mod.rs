@@ -78,6 +78,9 @@ pub enum Command {
     /// PyTorchJob, LeaderWorkerSet, Volcano Job, RayJob) and for TrainJobs, a line says what
     /// protects them or that nothing does. Warnings and a summary of the changes go to stderr.
     ///
+    /// A new pod of a Job (no node, no phase past Pending) is kept off the nodes where the
+    /// Job's earlier pods in the input failed of a device, as the webhook admits it.
+    ///
     /// Each document is written as soon as it is mutated. A document that cannot be read is
     /// reported with its file, document number and line, and written through unchanged (YAML
     /// output); every other document is still mutated.

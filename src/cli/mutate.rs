@@ -13,10 +13,13 @@ use super::tally::{self, Tally};
 use super::{Log, exit};
 use gpu_guard_core::devices::DraFacts;
 use gpu_guard_core::guard::{ClusterView, Layered, StaticView};
-use gpu_guard_core::kinds::KINDS;
+use gpu_guard_core::kinds::{KINDS, Kind};
+use gpu_guard_core::memory::avoid::{self, Avoidance, Memories};
+use gpu_guard_core::memory::{self as memory, MEMORY_ANNOTATION, Memory, WorkloadRef};
 use gpu_guard_core::mutate::{SkipReason, object, other_kinds};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_manifest::{self as manifest, Document, DocumentWriter, Format};
+use gpu_guard_runtime::cluster::ClusterCache;
 
 #[derive(Debug, Args)]
 pub struct MutateArgs {
@@ -32,7 +35,8 @@ pub struct MutateArgs {
     /// Resolve DRA claims also from the ResourceClaimTemplates, ResourceClaims and
     /// DeviceClasses of the cluster this kubeconfig names (those in the input come first).
     /// Without it, only the input's are known: a claim it does not ship is reported, not
-    /// guessed.
+    /// guessed. A new pod of a Job also avoids the nodes in the device-failure record of its
+    /// Job or JobSet in the cluster, besides those of the input's failed pods.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// With --kubeconfig: how long to wait for the cluster's objects to be listed.
@@ -46,6 +50,10 @@ pub struct MutateArgs {
 const PRESCAN_KINDS: &[&str] = &["ResourceClaim", "DeviceClass", RUNTIME_KIND];
 const RUNTIME_KIND: &str = "TrainingRuntime";
 
+/// The words of the first pass that find the memory of device failures: pods that ran (their
+/// `status.phase`), and Jobs or JobSets that carry a recorded memory.
+const PRESCAN_MEMORY: &[&str] = &["phase", MEMORY_ANNOTATION];
+
 /// The summary's outcomes, in order.
 const OUTCOMES: &[&str] = &["mutated", "unchanged", "skipped", "not handled", "failed"];
 
@@ -58,6 +66,11 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
     // DeviceClasses anywhere in the input (a template may come after its Job).
     let mut shipped = StaticView::default();
     let mut runtimes = Vec::new();
+    let mut memories = OfflineMemories::default();
+    let mut ran = Vec::new();
+    inputs.prescan(PRESCAN_MEMORY, &mut |object| {
+        memories.learn(&object.value, &mut ran);
+    });
     inputs.prescan(PRESCAN_KINDS, &mut |object| {
         if object
             .value
@@ -102,9 +115,15 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
         .iter()
         .filter_map(|runtime| KnownRuntime::judge(runtime, policy, dra))
         .collect();
+    memories.record_failures(&ran, policy, dra);
+    let memories = LayeredMemories {
+        input: &memories,
+        cluster: cluster.as_ref().map(|(_runtime, cache)| cache),
+    };
     let mut run = Run {
         policy,
         dra,
+        memories: &memories,
         runtimes,
         log,
         tally: Tally::default(),
@@ -150,6 +169,8 @@ pub(super) fn run(args: &MutateArgs, policy: &Policy, out: &mut dyn Write, log: 
 struct Run<'a, 'w> {
     policy: &'a Policy,
     dra: &'a dyn DraFacts,
+    /// The device failures of the input's workloads, for their new pods.
+    memories: &'a dyn Memories,
     /// The Trainer runtimes of the input, for the TrainJobs that name them.
     runtimes: Vec<KnownRuntime>,
     log: &'a mut Log<'w>,
@@ -253,6 +274,11 @@ impl Run<'_, '_> {
     fn mutate_object(&mut self, value: &mut Value, location: &str) {
         let name = object_name(value, location);
         let kind = tally::kind_of(value).to_owned();
+        if gpu_guard_core::kinds::of(value).is_some_and(|known| known.id == Kind::Pod)
+            && self.avoid(value, &name, &kind)
+        {
+            return;
+        }
         let Some(result) = object::mutate_object(value, self.policy, self.dra) else {
             self.not_handled(value, &name);
             self.tally.add("not handled", &kind);
@@ -297,6 +323,41 @@ impl Run<'_, '_> {
 }
 
 impl Run<'_, '_> {
+    /// Keeps a new pod off the nodes where its workload failed of a device, as the webhook
+    /// admits it ([`avoid::avoid_failed_nodes`]); returns whether it was changed (or failed to
+    /// be). Every other pod goes on as any object.
+    fn avoid(&mut self, value: &mut Value, name: &str, kind: &str) -> bool {
+        match avoid::avoid_failed_nodes(value, self.policy, self.memories) {
+            Avoidance::Unchanged => false,
+            Avoidance::BadMemory { workload, error } => {
+                self.log.warning(&format!(
+                    "{name}: not kept off the nodes where {workload} failed: {error}"
+                ));
+                false
+            }
+            Avoidance::Excluded {
+                workload,
+                nodes,
+                patch,
+            } => {
+                match gpu_guard_core::mutate::patch::apply(value, &patch) {
+                    Ok(mutated) => {
+                        *value = mutated;
+                        self.log
+                            .note(&format!("{name}: {}", avoid::describe(&workload, &nodes)));
+                        self.tally.add("mutated", kind);
+                    }
+                    Err(error) => {
+                        self.log
+                            .error(&format!("{name}: {error} (written through unchanged)"));
+                        self.tally.add("failed", kind);
+                    }
+                }
+                true
+            }
+        }
+    }
+
     /// Says what protects an object of a kind the engine does not mutate, or that nothing
     /// does ([`other_kinds`]): a TrainJob through its runtime, an operator's kind by what its
     /// operator creates, any other kind that carries pod templates not at all.
@@ -341,6 +402,131 @@ impl Run<'_, '_> {
             ));
         }
     }
+}
+
+/// The memories of the input's workloads, computed from the input as the controller records
+/// them: the memory a Job or JobSet carries already (`kubectl get -o yaml` shows it), and
+/// each device failure of a pod that ran ([`memory::device_failure`]), on its workload
+/// ([`memory::workload_of`]).
+#[derive(Debug, Default)]
+struct OfflineMemories {
+    memories: std::collections::BTreeMap<WorkloadRef, Memory>,
+    /// Annotations that are not gpu-guard's memory, reported where a pod of theirs is.
+    foreign: std::collections::BTreeMap<WorkloadRef, String>,
+}
+
+impl OfflineMemories {
+    /// Takes the memory of a Job or JobSet, and keeps a pod that ran (in `ran`) for
+    /// [`OfflineMemories::record_failures`] (which needs the DRA facts of the whole input).
+    fn learn(&mut self, value: &Value, ran: &mut Vec<Value>) {
+        let Some(known) = gpu_guard_core::kinds::of(value) else {
+            return;
+        };
+        match known.id {
+            Kind::Pod if value.pointer("/status/phase").is_some() => ran.push(value.clone()),
+            Kind::Job | Kind::JobSet => {
+                let text = value
+                    .pointer("/metadata/annotations")
+                    .and_then(|annotations| annotations.get(MEMORY_ANNOTATION))
+                    .and_then(Value::as_str);
+                let workload = WorkloadRef {
+                    kind: if known.id == Kind::Job {
+                        memory::WorkloadKind::Job
+                    } else {
+                        memory::WorkloadKind::JobSet
+                    },
+                    namespace: text_at(value, "/metadata/namespace"),
+                    name: text_at(value, "/metadata/name"),
+                };
+                let Some(text) = text else {
+                    return;
+                };
+                match Memory::of_annotation(Some(text)) {
+                    Ok(memory) => {
+                        let known = self.memories.entry(workload).or_default();
+                        known.total = known.total.max(memory.total);
+                        for failure in memory.failures {
+                            known.record(failure);
+                        }
+                    }
+                    Err(_) => {
+                        self.foreign.insert(workload, text.to_owned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Records the device failures of the pods that ran.
+    fn record_failures(&mut self, ran: &[Value], policy: &Policy, dra: &dyn DraFacts) {
+        for value in ran {
+            let Ok(pod) = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(value.clone())
+            else {
+                continue;
+            };
+            if let (Some(workload), Some(failure)) = (
+                memory::workload_of(&pod),
+                memory::device_failure(&pod, policy, dra),
+            ) {
+                self.memories.entry(workload).or_default().record(failure);
+            }
+        }
+    }
+}
+
+impl Memories for OfflineMemories {
+    fn memory_annotation(&self, workload: &WorkloadRef) -> Option<String> {
+        self.over(workload, None)
+    }
+}
+
+impl OfflineMemories {
+    /// The memory of `workload`: the input's, recorded over `under` (the cluster's record,
+    /// with --kubeconfig), as the controller would record the input's pods on it. A record
+    /// that is not gpu-guard's, in the input or the cluster, is returned as it is, to be
+    /// reported.
+    fn over(&self, workload: &WorkloadRef, under: Option<String>) -> Option<String> {
+        if let Some(foreign) = self.foreign.get(workload) {
+            return Some(foreign.clone());
+        }
+        let input = self.memories.get(workload);
+        let Some(under) = under else {
+            return input
+                .filter(|memory| !memory.failures.is_empty())
+                .map(Memory::to_annotation);
+        };
+        let (Some(input), Ok(mut memory)) = (input, Memory::of_annotation(Some(&under))) else {
+            return Some(under);
+        };
+        for failure in &input.failures {
+            memory.record(failure.clone());
+        }
+        Some(memory.to_annotation())
+    }
+}
+
+/// The input's memories over the cluster's (`--kubeconfig`).
+struct LayeredMemories<'a> {
+    input: &'a OfflineMemories,
+    cluster: Option<&'a ClusterCache>,
+}
+
+impl Memories for LayeredMemories<'_> {
+    fn memory_annotation(&self, workload: &WorkloadRef) -> Option<String> {
+        let under = self
+            .cluster
+            .and_then(|cluster| cluster.memory_annotation(workload));
+        self.input.over(workload, under)
+    }
+}
+
+fn text_at(value: &Value, pointer: &str) -> String {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// How a known Trainer runtime's status begins when gpu-guard does not protect it.
@@ -426,10 +612,16 @@ fn object_name(value: &Value, location: &str) -> String {
         .get("kind")
         .and_then(Value::as_str)
         .unwrap_or("object");
-    let name = value
-        .pointer("/metadata/name")
+    let name = value.pointer("/metadata/name").and_then(Value::as_str);
+    // A pod the Job controller creates has only a prefix; the API server completes it.
+    let generated = value
+        .pointer("/metadata/generateName")
         .and_then(Value::as_str)
-        .unwrap_or("<unnamed>");
+        .map(|prefix| format!("{prefix}<generated>"));
+    let name = name
+        .map(str::to_owned)
+        .or(generated)
+        .unwrap_or_else(|| "<unnamed>".to_owned());
     format!("{location} {}/{name}", kind.to_lowercase())
 }
 

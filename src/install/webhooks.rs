@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use serde_json::Value;
 
 use gpu_guard_core::kinds::{KINDS, Scope, WorkloadKind};
+use gpu_guard_core::memory::failure::JOB_NAME_LABEL;
 use gpu_guard_core::wellknown::{ENABLED_LABEL, MUTATE_PATH, VALIDATE_PATH};
 
 use super::{NAMESPACE_NAME_LABEL, Options, SERVICE_PORT, meta, to_value};
@@ -69,7 +70,7 @@ fn client_config(options: &Options, path: &str) -> WebhookClientConfig {
     }
 }
 
-/// The operations both webhooks are called for. The mutating webhook changes Jobs, CronJobs
+/// The operations both webhooks are called for (the pods' webhook: CREATE only). The mutating webhook changes Jobs, CronJobs
 /// (their `jobTemplate`, so the protection is visible on the CronJob), JobSets and Kubeflow
 /// Trainer runtimes (their JobSet template) at CREATE, and at UPDATE only puts back what a
 /// server-side apply dropped of gpu-guard's changes. The validating webhook judges at CREATE
@@ -87,6 +88,15 @@ const OPERATIONS: [&str; 2] = ["CREATE", "UPDATE"];
 /// webhook of their own ([`CLUSTER_RUNTIMES_WEBHOOK_NAME`]) selects those labelled
 /// `gpu-guard.io/enabled: "true"` (the opt-in of a cluster-scoped object).
 fn rules(scope: Scope, wanted: fn(&WorkloadKind) -> bool) -> Vec<RuleWithOperations> {
+    rules_for(scope, wanted, &OPERATIONS)
+}
+
+/// [`rules`] for `operations`.
+fn rules_for(
+    scope: Scope,
+    wanted: fn(&WorkloadKind) -> bool,
+    operations: &[&str],
+) -> Vec<RuleWithOperations> {
     let mut rules: Vec<RuleWithOperations> = Vec::new();
     for known in KINDS
         .iter()
@@ -105,7 +115,7 @@ fn rules(scope: Scope, wanted: fn(&WorkloadKind) -> bool) -> Vec<RuleWithOperati
                 api_groups: Some(vec![known.group.to_owned()]),
                 api_versions: Some(vec![known.version.to_owned()]),
                 resources: Some(vec![known.resource.to_owned()]),
-                operations: Some(OPERATIONS.iter().map(|o| (*o).to_owned()).collect()),
+                operations: Some(operations.iter().map(|o| (*o).to_owned()).collect()),
                 scope: Some(scope.as_str().to_owned()),
             }),
         }
@@ -118,6 +128,11 @@ fn mutated(known: &WorkloadKind) -> bool {
     known.mutated
 }
 
+/// The kinds whose placement the mutating webhook decides at CREATE (Job pods).
+fn placed(known: &WorkloadKind) -> bool {
+    known.placed
+}
+
 /// The kinds the validating webhook is called for.
 fn guarded(known: &WorkloadKind) -> bool {
     known.guarded
@@ -125,6 +140,28 @@ fn guarded(known: &WorkloadKind) -> bool {
 
 /// The name of the webhooks for cluster-scoped Trainer runtimes (in both configurations).
 pub const CLUSTER_RUNTIMES_WEBHOOK_NAME: &str = "clustertrainingruntimes.gpu-guard.io";
+
+/// The name of the mutating webhook for the pods of Jobs.
+pub const PODS_WEBHOOK_NAME: &str = "job-pods.gpu-guard.io";
+
+/// The pods' webhook timeout: a pod is answered from memory, and the Job controller's pod
+/// creation should never wait on it for long (with `failurePolicy: Ignore`, a timeout admits
+/// the pod as it is).
+pub const PODS_TIMEOUT_SECONDS: i32 = 2;
+
+/// The pods the Job controller creates: they carry `batch.kubernetes.io/job-name` (kubernetes
+/// `pkg/controller/job/job_controller.go`, set on every pod of a Job since 1.27). The
+/// webhook is called for these only, not for every pod of the namespace.
+fn job_pods() -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: JOB_NAME_LABEL.to_owned(),
+            operator: "Exists".to_owned(),
+            values: None,
+        }]),
+        ..LabelSelector::default()
+    }
+}
 
 fn opted_in_objects() -> LabelSelector {
     LabelSelector {
@@ -163,6 +200,25 @@ pub fn webhooks(options: &Options) -> Vec<Value> {
                 rules: Some(rules(Scope::Cluster, mutated)),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..MutatingWebhook::default()
+            },
+            // A new pod of a Job is kept off the nodes where its workload's devices failed.
+            // Best effort, whatever --mutate-failure-policy says: a webhook that is down must
+            // never stop a Job from creating its pods. Node affinity is immutable after
+            // CREATE, and nothing gpu-guard adds is undone by another webhook's change: no
+            // reinvocation.
+            MutatingWebhook {
+                name: PODS_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(options, MUTATE_PATH),
+                failure_policy: Some("Ignore".to_owned()),
+                match_policy: Some("Equivalent".to_owned()),
+                namespace_selector: Some(namespace_selector(own)),
+                object_selector: Some(job_pods()),
+                reinvocation_policy: Some("Never".to_owned()),
+                rules: Some(rules_for(Scope::Namespaced, placed, &["CREATE"])),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(PODS_TIMEOUT_SECONDS),
                 ..MutatingWebhook::default()
             },
         ]),

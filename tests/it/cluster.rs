@@ -253,7 +253,9 @@ async fn synced_only_after_both_lists_then_answers_from_the_cache() {
             "nodes",
             "resourceclaimtemplates",
             "resourceclaims",
-            "deviceclasses"
+            "deviceclasses",
+            "jobs",
+            "jobsets"
         ]
     );
 }
@@ -585,7 +587,7 @@ async fn kubeconfig_errors_name_the_file() {
 }
 
 /// A kubeconfig file naming the fake API server.
-fn kubeconfig_for(fake: &Fake, dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn kubeconfig_for(fake: &Fake, dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("kubeconfig");
     std::fs::write(
         &path,

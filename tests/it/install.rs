@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::Request;
 use clap::Parser;
 use gpu_guard::cli::{Cli, Command};
-use gpu_guard::install::{self, Options};
+use gpu_guard::install::{self, Options, PODS_WEBHOOK_NAME};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown;
 use gpu_guard_manifest as manifest;
@@ -296,8 +296,31 @@ async fn every_file_agrees_with_the_others_and_with_the_server() {
                 webhook.failure_policy.as_deref(),
                 webhook.timeout_seconds.unwrap(),
             ));
-            assert_eq!(webhook.reinvocation_policy.as_deref(), Some("IfNeeded"));
             assert_eq!(webhook.side_effects, "None");
+            if webhook.name == PODS_WEBHOOK_NAME {
+                // Job pods, placed at CREATE; best effort, never blocking a Job's pods.
+                assert_eq!(webhook.reinvocation_policy.as_deref(), Some("Never"));
+                assert_eq!(webhook.failure_policy.as_deref(), Some("Ignore"));
+                let rules = webhook.rules.as_ref().unwrap();
+                assert_eq!(rules.len(), 1);
+                assert_eq!(
+                    rules[0].resources.as_deref(),
+                    Some(&["pods".to_owned()][..])
+                );
+                assert_eq!(
+                    rules[0].operations.as_deref(),
+                    Some(&["CREATE".to_owned()][..])
+                );
+                let selector = webhook.object_selector.as_ref().unwrap();
+                let requirement = &selector.match_expressions.as_ref().unwrap()[0];
+                assert_eq!(
+                    (requirement.key.as_str(), requirement.operator.as_str()),
+                    ("batch.kubernetes.io/job-name", "Exists")
+                );
+                assert!(webhook.namespace_selector.is_some());
+                continue;
+            }
+            assert_eq!(webhook.reinvocation_policy.as_deref(), Some("IfNeeded"));
             for rule in webhook.rules.as_ref().unwrap() {
                 assert_eq!(
                     rule.operations.as_deref(),

@@ -5,6 +5,7 @@ mod reviews;
 mod source;
 mod support;
 
+mod avoid;
 mod cli;
 mod cluster;
 mod controller;

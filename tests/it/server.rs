@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::reviews;
 
-fn client(ca_pem: &str) -> reqwest::Client {
+pub(crate) fn client(ca_pem: &str) -> reqwest::Client {
     let tls = client_tls(ca_pem);
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
@@ -73,7 +73,7 @@ async fn server(dir: &Path, pair: &GeneratedPair, drain: Duration) -> RunningSer
     server_with(dir, pair, drain, offline_view(), Policy::embedded()).await
 }
 
-async fn server_with(
+pub(crate) async fn server_with(
     dir: &Path,
     pair: &GeneratedPair,
     drain: Duration,
@@ -109,11 +109,11 @@ async fn server_with(
     .unwrap()
 }
 
-fn url(running: &RunningServer, path: &str) -> String {
+pub(crate) fn url(running: &RunningServer, path: &str) -> String {
     format!("https://localhost:{}{path}", running.addr.port())
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, String) {
+pub(crate) async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, String) {
     let response = client
         .post(url)
         .header("content-type", "application/json")
@@ -208,7 +208,7 @@ async fn every_fixture_gets_the_engines_answer_over_https() {
 }
 
 /// The patch of a `/mutate` response, decoded.
-fn sent_patch(answer: &Value) -> Patch {
+pub(crate) fn sent_patch(answer: &Value) -> Patch {
     let sent = base64::engine::general_purpose::STANDARD
         .decode(answer["patch"].as_str().expect("a patch"))
         .unwrap();
@@ -954,7 +954,7 @@ fn tolerating_pod() -> Value {
     body
 }
 
-async fn admin_get(running: &RunningServer, path: &str) -> (u16, String) {
+pub(crate) async fn admin_get(running: &RunningServer, path: &str) -> (u16, String) {
     let response = reqwest::Client::new()
         .get(format!("http://{}{path}", running.admin_addr))
         .send()
@@ -1025,7 +1025,8 @@ async fn readiness_waits_for_the_cluster_caches_and_lookups_meanwhile_are_500() 
         (status, text.as_str()),
         (
             503,
-            "waiting for the cluster caches to sync (PriorityClasses, Nodes and the DRA objects)\n"
+            "waiting for the cluster caches to sync (PriorityClasses, Nodes, the DRA objects, and the \
+             Jobs and JobSets with device failures on record)\n"
         )
     );
     let (_, metrics) = admin_get(&running, "/metrics").await;

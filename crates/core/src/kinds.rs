@@ -79,13 +79,17 @@ pub struct WorkloadKind {
     pub mutated: bool,
     /// Whether the guard judges it (the validating webhook's rules).
     pub guarded: bool,
+    /// Whether the mutating webhook decides where it may run at CREATE: a pod the Job
+    /// controller creates is kept off the nodes where its workload's devices failed
+    /// ([`crate::memory::avoid`]; its own webhook, for Job pods only).
+    pub placed: bool,
     pub templates: PodTemplates,
 }
 
 impl WorkloadKind {
-    /// Whether the webhooks handle it (it is mutated or judged).
+    /// Whether the webhooks handle it (it is mutated, placed or judged).
     pub fn handled(&self) -> bool {
-        self.mutated || self.guarded
+        self.mutated || self.placed || self.guarded
     }
 }
 
@@ -109,6 +113,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: false,
         guarded: true,
+        placed: true,
         templates: PodTemplates::One("/spec"),
     },
     WorkloadKind {
@@ -122,6 +127,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: false,
         guarded: true,
+        placed: false,
         templates: OWNER,
     },
     // Carries a pod template but runs nothing: neither mutated nor judged.
@@ -136,6 +142,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: false,
         guarded: false,
+        placed: false,
         templates: PodTemplates::One("/template/spec"),
     },
     WorkloadKind {
@@ -149,6 +156,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: false,
         guarded: true,
+        placed: false,
         templates: OWNER,
     },
     WorkloadKind {
@@ -162,6 +170,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: false,
         guarded: true,
+        placed: false,
         templates: OWNER,
     },
     WorkloadKind {
@@ -175,6 +184,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: false,
         guarded: true,
+        placed: false,
         templates: OWNER,
     },
     WorkloadKind {
@@ -188,6 +198,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: false,
         guarded: true,
+        placed: false,
         templates: OWNER,
     },
     WorkloadKind {
@@ -201,6 +212,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: true,
         guarded: true,
+        placed: false,
         templates: OWNER,
     },
     // Mutated in its `jobTemplate`, so the protection is visible on the CronJob.
@@ -215,6 +227,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: true,
         mutated: true,
         guarded: true,
+        placed: false,
         templates: PodTemplates::One("/spec/jobTemplate/spec/template/spec"),
     },
     WorkloadKind {
@@ -228,6 +241,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: false,
         mutated: true,
         guarded: true,
+        placed: false,
         templates: PodTemplates::PerReplicatedJob("/spec"),
     },
     // A runtime's JobSet template is the template of every TrainJob that names it.
@@ -242,6 +256,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: false,
         mutated: true,
         guarded: true,
+        placed: false,
         templates: RUNTIME,
     },
     WorkloadKind {
@@ -255,6 +270,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: false,
         mutated: true,
         guarded: true,
+        placed: false,
         templates: RUNTIME,
     },
     // Protected through the runtime it names (`crate::mutate::other_kinds`), not by itself.
@@ -269,6 +285,7 @@ pub const KINDS: [WorkloadKind; 13] = [
         built_in: false,
         mutated: false,
         guarded: false,
+        placed: false,
         templates: PodTemplates::None,
     },
 ];
@@ -439,6 +456,18 @@ mod tests {
             assert_eq!(mutable.is_some(), known.mutated, "{}", known.kind);
             if let Some(mutable) = mutable {
                 assert_eq!(mutable.info(), known);
+            }
+        }
+    }
+
+    #[test]
+    fn only_pods_are_placed() {
+        // The avoidance reads a pod's own metadata and spec; a template owner's pods are
+        // placed when they are created, as pods.
+        for known in &KINDS {
+            assert_eq!(known.placed, known.id == Kind::Pod, "{}", known.kind);
+            if known.placed {
+                assert_eq!(known.templates, PodTemplates::One("/spec"));
             }
         }
     }

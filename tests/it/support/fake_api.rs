@@ -38,9 +38,11 @@ pub const CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 pub const DEVICE_CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
 pub const RESOURCE_SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub const DAEMONSETS: &str = "/apis/apps/v1/daemonsets";
+pub const JOBS: &str = "/apis/batch/v1/jobs";
+pub const JOBSETS: &str = "/apis/jobset.x-k8s.io/v1alpha2/jobsets";
 
 /// The collections served: path, kind, apiVersion.
-const COLLECTIONS: [(&str, &str, &str); 9] = [
+const COLLECTIONS: [(&str, &str, &str); 11] = [
     (NODES, "Node", "v1"),
     (PODS, "Pod", "v1"),
     (NAMESPACES, "Namespace", "v1"),
@@ -54,6 +56,8 @@ const COLLECTIONS: [(&str, &str, &str); 9] = [
     (DEVICE_CLASSES, "DeviceClass", "resource.k8s.io/v1"),
     (RESOURCE_SLICES, "ResourceSlice", "resource.k8s.io/v1"),
     (DAEMONSETS, "DaemonSet", "apps/v1"),
+    (JOBS, "Job", "batch/v1"),
+    (JOBSETS, "JobSet", "jobset.x-k8s.io/v1alpha2"),
 ];
 
 // === the log ===

@@ -13,6 +13,7 @@
 //! assert!(!policy.devices.is_device_resource("cpu"));
 //! ```
 
+mod avoid;
 mod controller;
 mod devices;
 mod guard;
@@ -23,6 +24,7 @@ mod validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use avoid::AvoidFailedNodes;
 pub use devices::DeviceResources;
 pub use guard::{
     ExemptWorkload, Exemptions, GpuNodeLabel, Guard, GuardMode, MinimumPriority, OfflineCluster,
@@ -112,6 +114,8 @@ pub struct Mutation {
     /// `restartPolicyRules`, Kubernetes 1.35+). Off by default; `policies/in-place-restart.yaml`
     /// turns it on.
     pub restart_rules: RestartRuleSettings,
+    /// Keep a workload's new pods off the nodes where its devices failed (Pod CREATE).
+    pub avoid_failed_nodes: AvoidFailedNodes,
 }
 
 /// Container restart rules (KEP-5307) for the device containers of Jobs and of JobSet

@@ -55,6 +55,9 @@ pub(super) fn validate(policy: &Policy) -> Vec<(FieldPath, String)> {
         .into_iter()
         .flat_map(|section| section(policy))
         .collect();
+    problems.extend(super::avoid::validate_avoid(
+        &policy.mutation.avoid_failed_nodes,
+    ));
     problems.extend(validate_guard(&policy.guard));
     problems.extend(super::controller::validate_controller(&policy.controller));
     problems

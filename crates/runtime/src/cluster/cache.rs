@@ -20,15 +20,30 @@ use super::rbac::{READ, RbacRule};
 use super::reflector::{CacheStatus, Reflected, Watch};
 use gpu_guard_core::devices::{ClaimDevices, DraFacts, Lookup};
 use gpu_guard_core::guard::{BUILT_IN_PRIORITY_CLASSES, ClusterView, KnownNode};
+use gpu_guard_core::jobset;
+use gpu_guard_core::memory::avoid::Memories;
+use gpu_guard_core::memory::{MEMORY_ANNOTATION, WorkloadKind, WorkloadRef};
 
 /// What the caches read, as RBAC rules. The installation's ClusterRole is generated from this.
-pub const RBAC_RULES: [RbacRule; 5] = [
+pub const RBAC_RULES: [RbacRule; 7] = [
     RbacRule::new("scheduling.k8s.io", PRIORITY_CLASSES, READ),
     RbacRule::new("", NODES, READ),
     RbacRule::new("resource.k8s.io", RESOURCE_CLAIM_TEMPLATES, READ),
     RbacRule::new("resource.k8s.io", RESOURCE_CLAIMS, READ),
     RbacRule::new("resource.k8s.io", DEVICE_CLASSES, READ),
+    RbacRule::new("batch", JOBS, READ),
+    RbacRule::new(jobset::GROUP, JOBSETS, READ),
 ];
+
+/// The `resource` of the cache of Jobs with device failures on record (`batch/v1`).
+pub const JOBS: &str = "jobs";
+/// The `resource` of the cache of JobSets with device failures on record.
+pub const JOBSETS: &str = "jobsets";
+
+/// The label the controller sets (`"true"`) on a Job or JobSet whose device failures it
+/// records, so that the webhook watches those only. The controller's side owns the name; this
+/// is its one use here.
+pub const MEMORY_LABEL: &str = "gpu-guard.io/device-failures";
 
 /// The `resource` of the PriorityClass cache in [`CacheStatus`].
 pub const PRIORITY_CLASSES: &str = "priorityclasses";
@@ -49,7 +64,7 @@ const CACHE: &str = "cluster cache";
 ///
 /// # What is cached
 ///
-/// [`ClusterCache::start`] runs five reflectors, each a Tokio task that lists once and then
+/// [`ClusterCache::start`] runs seven reflectors, each a Tokio task that lists once and then
 /// watches:
 /// - `scheduling.k8s.io/v1` PriorityClasses, slimmed to name, `value` and `globalDefault`;
 /// - `core/v1` Nodes, slimmed to name, labels, `spec.taints` and `status.capacity` (managed
@@ -60,7 +75,13 @@ const CACHE: &str = "cluster cache";
 ///   pod costs a few hundred bytes), and DeviceClasses, slimmed to name, creation time and
 ///   `extendedResourceName`: to tell whether a container's DRA claim is a device. These three
 ///   are optional: on a cluster that does not serve `resource.k8s.io/v1` (before 1.34, or the
-///   API disabled) the list answers `404`, and the cache counts as synced and empty.
+///   API disabled) the list answers `404`, and the cache counts as synced and empty;
+/// - `batch/v1` Jobs and `jobset.x-k8s.io/v1alpha2` JobSets labelled
+///   `gpu-guard.io/device-failures=true` (those whose device failures the controller
+///   records: a few, whatever the number of Jobs), slimmed to name, namespace and the
+///   `gpu-guard.io/device-failures` annotation, for a Pod CREATE to keep a new pod off the
+///   nodes where its workload failed ([`Memories`]). JobSets are optional, as the DRA objects
+///   are: without the CRD, none.
 ///
 /// The guard asks the cache, never the API server: **no API call happens in the request path**.
 /// Lookups read an in-memory map behind a lock held for a hash lookup (or, for the global
@@ -81,8 +102,9 @@ const CACHE: &str = "cluster cache";
 /// # RBAC
 ///
 /// The service account needs `get`, `list` and `watch` on `priorityclasses`
-/// (`scheduling.k8s.io`), on `nodes` (core, `""`) and on `resourceclaimtemplates`,
-/// `resourceclaims` and `deviceclasses` (`resource.k8s.io`), cluster-wide; nothing more:
+/// (`scheduling.k8s.io`), on `nodes` (core, `""`), on `resourceclaimtemplates`,
+/// `resourceclaims` and `deviceclasses` (`resource.k8s.io`), on `jobs` (`batch`) and on
+/// `jobsets` (`jobset.x-k8s.io`), cluster-wide; nothing more:
 ///
 /// ```yaml
 /// apiVersion: rbac.authorization.k8s.io/v1
@@ -98,6 +120,12 @@ const CACHE: &str = "cluster cache";
 ///     verbs: ["get", "list", "watch"]
 ///   - apiGroups: ["resource.k8s.io"]
 ///     resources: ["resourceclaimtemplates", "resourceclaims", "deviceclasses"]
+///     verbs: ["get", "list", "watch"]
+///   - apiGroups: ["batch"]
+///     resources: ["jobs"]
+///     verbs: ["get", "list", "watch"]
+///   - apiGroups: ["jobset.x-k8s.io"]
+///     resources: ["jobsets"]
 ///     verbs: ["get", "list", "watch"]
 /// ```
 ///
@@ -120,7 +148,91 @@ struct Inner {
     claim_templates: Reflected<ResourceClaimTemplate>,
     claims: Reflected<ResourceClaim>,
     device_classes: Reflected<DeviceClass>,
+    jobs: Reflected<Remembering<JobApi>>,
+    jobsets: Reflected<Remembering<JobSetApi>>,
     tasks: Mutex<Vec<AbortHandle>>,
+}
+
+/// The API of a workload that keeps a memory of its device failures.
+pub trait WorkloadApi: Clone + fmt::Debug + Send + Sync + 'static {
+    const GROUP: &'static str;
+    const VERSION: &'static str;
+    const KIND: &'static str;
+    const PLURAL: &'static str;
+}
+
+/// `batch/v1` Jobs.
+#[derive(Clone, Debug)]
+pub enum JobApi {}
+
+impl WorkloadApi for JobApi {
+    const GROUP: &'static str = "batch";
+    const VERSION: &'static str = "v1";
+    const KIND: &'static str = "Job";
+    const PLURAL: &'static str = JOBS;
+}
+
+/// `jobset.x-k8s.io/v1alpha2` JobSets (jobset `api/jobset/v1alpha2/jobset_types.go`).
+#[derive(Clone, Debug)]
+pub enum JobSetApi {}
+
+impl WorkloadApi for JobSetApi {
+    const GROUP: &'static str = jobset::GROUP;
+    const VERSION: &'static str = "v1alpha2";
+    const KIND: &'static str = "JobSet";
+    const PLURAL: &'static str = JOBSETS;
+}
+
+/// A Job or JobSet as the memory cache reads it: its metadata only (the spec and status are
+/// skipped by serde unread), slimmed to name, namespace and the memory annotation.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct Remembering<W> {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(skip)]
+    api: std::marker::PhantomData<W>,
+}
+
+impl<W: WorkloadApi> kube::Resource for Remembering<W> {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        W::KIND.into()
+    }
+
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        W::GROUP.into()
+    }
+
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        W::VERSION.into()
+    }
+
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        W::PLURAL.into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Keeps a workload's name, namespace and memory annotation.
+fn slim_remembering<W>(workload: &mut Remembering<W>) {
+    let mut full = std::mem::take(&mut workload.metadata);
+    let memory = full
+        .annotations
+        .take()
+        .and_then(|mut annotations| annotations.remove_entry(MEMORY_ANNOTATION));
+    workload.metadata = ObjectMeta {
+        annotations: memory.map(|entry| [entry].into()),
+        ..slim_metadata(full)
+    };
 }
 
 impl Drop for Inner {
@@ -270,9 +382,8 @@ fn watch<K>(resource: &'static str, api: Api<K>, slim: fn(&mut K), optional: boo
 }
 
 impl ClusterCache {
-    /// Starts the PriorityClass and Node reflectors on the current Tokio runtime and returns at
-    /// once: the cache is not synced until both have listed (see
-    /// [`ClusterCache::wait_synced`]).
+    /// Starts the reflectors on the current Tokio runtime and returns at once: the cache is
+    /// not synced until each has listed (see [`ClusterCache::wait_synced`]).
     ///
     /// # Panics
     ///
@@ -320,12 +431,16 @@ impl ClusterCache {
         let device_classes = Reflected::start(
             watch(
                 DEVICE_CLASSES,
-                Api::<DeviceClass>::all(client),
+                Api::<DeviceClass>::all(client.clone()),
                 slim_device_class,
                 true,
             ),
             &mut tasks,
         );
+        // The workloads with device failures on record, by the controller's label: a few,
+        // whatever the number of Jobs. JobSets are optional: without the CRD, none.
+        let jobs = Reflected::start(remembering(JOBS, client.clone(), false), &mut tasks);
+        let jobsets = Reflected::start(remembering(JOBSETS, client, true), &mut tasks);
         ClusterCache {
             inner: Arc::new(Inner {
                 classes,
@@ -333,6 +448,8 @@ impl ClusterCache {
                 claim_templates,
                 claims,
                 device_classes,
+                jobs,
+                jobsets,
                 tasks: Mutex::new(tasks),
             }),
         }
@@ -351,6 +468,8 @@ impl ClusterCache {
                 inner.claim_templates.wait_synced().await,
                 inner.claims.wait_synced().await,
                 inner.device_classes.wait_synced().await,
+                inner.jobs.wait_synced().await,
+                inner.jobsets.wait_synced().await,
             ] {
                 synced &= ready;
             }
@@ -360,7 +479,7 @@ impl ClusterCache {
     }
 
     /// How each cache is doing: PriorityClasses, Nodes, ResourceClaimTemplates,
-    /// ResourceClaims, DeviceClasses.
+    /// ResourceClaims, DeviceClasses, Jobs and JobSets with device failures on record.
     pub fn status(&self) -> Vec<CacheStatus> {
         let inner = &self.inner;
         vec![
@@ -369,6 +488,8 @@ impl ClusterCache {
             inner.claim_templates.status(),
             inner.claims.status(),
             inner.device_classes.status(),
+            inner.jobs.status(),
+            inner.jobsets.status(),
         ]
     }
 
@@ -387,6 +508,43 @@ impl fmt::Debug for ClusterCache {
     }
 }
 
+/// A watch of the workloads labelled [`MEMORY_LABEL`]`=true`.
+fn remembering<W: WorkloadApi>(
+    resource: &'static str,
+    client: Client,
+    optional: bool,
+) -> Watch<Remembering<W>> {
+    Watch {
+        cache: CACHE,
+        resource,
+        api: Api::all(client),
+        config: watcher::Config::default().labels(&format!("{MEMORY_LABEL}=true")),
+        slim: slim_remembering::<W>,
+        changed: None,
+        optional,
+    }
+}
+
+/// The memory annotation of a Job or JobSet the controller labelled; `None` for one it did
+/// not (nothing on record), or before the cache has listed (the webhook is not ready then).
+impl Memories for ClusterCache {
+    fn memory_annotation(&self, workload: &WorkloadRef) -> Option<String> {
+        let meta = match workload.kind {
+            WorkloadKind::Job => self
+                .inner
+                .jobs
+                .get_namespaced(&workload.namespace, &workload.name)
+                .map(|job| job.metadata.annotations.clone()),
+            WorkloadKind::JobSet => self
+                .inner
+                .jobsets
+                .get_namespaced(&workload.namespace, &workload.name)
+                .map(|jobset| jobset.metadata.annotations.clone()),
+        };
+        meta.flatten()?.remove(MEMORY_ANNOTATION)
+    }
+}
+
 impl ClusterView for ClusterCache {
     fn synced(&self) -> bool {
         let inner = &self.inner;
@@ -395,6 +553,8 @@ impl ClusterView for ClusterCache {
             && inner.claim_templates.synced()
             && inner.claims.synced()
             && inner.device_classes.synced()
+            && inner.jobs.synced()
+            && inner.jobsets.synced()
     }
 
     fn dra(&self) -> &dyn DraFacts {

@@ -5,6 +5,9 @@
 //!   Patch is derived from the engine's changes and proven to apply to the raw request object
 //!   before it is sent. No change: no patch and no patchType. UPDATE, DELETE, CONNECT and every
 //!   other kind: allowed, no patch (a Job's pod template and podFailurePolicy are immutable).
+//!   A Pod CREATE (the Job pods' own webhook) is kept off the nodes where its workload's devices
+//!   failed, read from [`Memories`] ([`review_with_memories`]; `place`): the patch goes with
+//!   the audit annotation [`AVOIDED_AUDIT_KEY`], never a warning.
 //! - `/validate`: the GPU-node priority guard ([`gpu_guard_core::guard`]) judges Pods and the pod
 //!   template of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers,
 //!   Jobs and CronJobs at CREATE and UPDATE (an UPDATE that leaves the pod spec as it was, or
@@ -17,7 +20,10 @@
 
 mod envelope;
 mod mutate;
+mod place;
 mod validate;
+
+pub use place::AVOIDED_AUDIT_KEY;
 
 pub use envelope::{GroupVersionKind, MAX_WARNING_CHARS, Operation, Response, ReviewError, Status};
 
@@ -25,6 +31,8 @@ use serde_json::value::RawValue;
 
 use gpu_guard_core::decode;
 use gpu_guard_core::guard::ClusterView;
+use gpu_guard_core::kinds;
+use gpu_guard_core::memory::avoid::{Memories, NoMemories};
 use gpu_guard_core::policy::{GuardMode, Policy};
 
 /// The two webhooks the server exposes.
@@ -83,6 +91,17 @@ pub struct Reviewed {
     pub guard: Option<GuardOutcome>,
     /// Warnings sent to the client (`response.warnings`).
     pub warnings: usize,
+    /// What came of keeping a pod off the nodes where its workload failed, when it was tried.
+    pub avoided: Option<Avoided>,
+}
+
+/// What came of a pod's avoidance of failed nodes, for metrics and the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Avoided {
+    /// Kept off this many nodes.
+    Excluded(usize),
+    /// The workload's memory annotation is not gpu-guard's: the pod was admitted unchanged.
+    Unreadable { workload: String, error: String },
 }
 
 /// A guard decision, for metrics: the mode in force and what came of it.
@@ -94,11 +113,24 @@ pub struct GuardOutcome {
 }
 
 /// Decides one AdmissionReview body for `webhook`; the guard reads the cluster from `view`.
+/// No workload has a memory of device failures: a Pod CREATE passes unchanged.
 pub fn review(
     webhook: Webhook,
     body: &[u8],
     policy: &Policy,
     view: &dyn ClusterView,
+) -> Result<Reviewed, ReviewError> {
+    review_with_memories(webhook, body, policy, view, &NoMemories)
+}
+
+/// [`review`], a Pod CREATE to `/mutate` reading its workload's device failures from
+/// `memories`.
+pub fn review_with_memories(
+    webhook: Webhook,
+    body: &[u8],
+    policy: &Policy,
+    view: &dyn ClusterView,
+    memories: &dyn Memories,
 ) -> Result<Reviewed, ReviewError> {
     // No separate walk refuses deep nesting: serde_json bounds its recursion (128 levels) where
     // it builds values, and skips what nobody reads without recursing. A walk of its own cost
@@ -109,7 +141,7 @@ pub fn review(
         Ok(text) => envelope::parse(decode::from_json_str(text))?,
         Err(_) => envelope::parse(decode::from_json_slice(body))?,
     };
-    review_parsed(webhook, incoming, policy, view)
+    review_parsed(webhook, incoming, policy, view, memories)
 }
 
 /// [`review`] after the envelope.
@@ -118,6 +150,7 @@ fn review_parsed(
     incoming: envelope::IncomingReview<'_>,
     policy: &Policy,
     view: &dyn ClusterView,
+    memories: &dyn Memories,
 ) -> Result<Reviewed, ReviewError> {
     let request = incoming.request.ok_or(ReviewError::MissingRequest)?;
     let object = request.object.map(RawValue::get);
@@ -126,7 +159,20 @@ fn review_parsed(
         allowed: true,
         ..Response::default()
     };
+    let mut avoided = None;
+    let placed = kinds::find(
+        &request.kind.group,
+        &request.kind.version,
+        &request.kind.kind,
+    )
+    .is_some_and(|known| known.placed);
     let (outcome, patch_bytes, guard) = match webhook {
+        Webhook::Mutate if placed => {
+            let (outcome, patch_bytes, decided) =
+                place::place(&request, object, policy, memories, &mut response)?;
+            avoided = decided;
+            (outcome, patch_bytes, None)
+        }
         Webhook::Mutate => {
             let (outcome, patch_bytes) =
                 mutate::mutate(&request, object, policy, view.dra(), &mut response)?;
@@ -151,6 +197,7 @@ fn review_parsed(
         patch_bytes,
         guard,
         warnings,
+        avoided,
     })
 }
 

@@ -73,22 +73,33 @@ pub(super) fn mutate(
             }
             if !mutation.patch.is_empty() {
                 let summary = mutation.outcome.summary();
-                return Ok(send_patch(response, &mutation.patch, summary));
+                return Ok(send_patch(
+                    response,
+                    &mutation.patch,
+                    MUTATION_AUDIT_KEY,
+                    summary,
+                ));
             }
         }
     }
     Ok((ReviewOutcome::Allowed, 0))
 }
 
-/// Puts `patch` into the response with its `mutation` audit annotation; returns the outcome
-/// and the size of the patch sent.
-fn send_patch(response: &mut Response, patch: &Patch, summary: String) -> (ReviewOutcome, usize) {
+/// The audit annotation of what the engine changed.
+const MUTATION_AUDIT_KEY: &str = "mutation";
+
+/// Puts `patch` into the response with the audit annotation `key` saying what it does;
+/// returns the outcome and the size of the patch sent.
+pub(super) fn send_patch(
+    response: &mut Response,
+    patch: &Patch,
+    key: &str,
+    summary: String,
+) -> (ReviewOutcome, usize) {
     let bytes = serde_json::to_vec(patch).expect("a JSON Patch serializes");
     response.patch = Some(base64::engine::general_purpose::STANDARD.encode(&bytes));
     response.patch_type = Some("JSONPatch".to_owned());
-    response
-        .audit_annotations
-        .insert("mutation".to_owned(), summary);
+    response.audit_annotations.insert(key.to_owned(), summary);
     (ReviewOutcome::Patched, bytes.len())
 }
 
@@ -126,7 +137,12 @@ fn restore(
                 restored.join(", ")
             ));
             let summary = format!("restored on UPDATE: {}", restored.join(", "));
-            Ok(send_patch(response, &mutation.patch, summary))
+            Ok(send_patch(
+                response,
+                &mutation.patch,
+                MUTATION_AUDIT_KEY,
+                summary,
+            ))
         }
         Some(Err(error @ ObjectError::PatchDoesNotApply(_))) => {
             Err(ReviewError::Internal(error.to_string()))

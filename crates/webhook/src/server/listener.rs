@@ -130,6 +130,7 @@ pub async fn start(
         draining: AtomicBool::new(false),
         metrics,
         certificates: Some(store.clone()),
+        unreadable_memories: Default::default(),
     });
     let listener = TcpListener::bind(config.listen).await?;
     let admin_listener = TcpListener::bind(config.admin_listen).await?;

@@ -36,6 +36,14 @@ pub struct GuardLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of a pod's avoidance of the nodes where its workload failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AvoidanceLabels {
+    /// `excluded` (the pod was kept off nodes) or `unreadable` (the workload's memory
+    /// annotation is not gpu-guard's; the pod was admitted unchanged).
+    pub outcome: &'static str,
+}
+
 /// Labels of a cluster cache.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
@@ -58,6 +66,8 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub patches: Counter,
     pub guard_decisions: Family<GuardLabels, Counter>,
+    pub avoidance: Family<AvoidanceLabels, Counter>,
+    pub avoided_nodes: Counter,
     pub cache_synced: Family<CacheLabels, Gauge>,
     pub cache_objects: Family<CacheLabels, Gauge>,
     pub cache_last_event_age: Family<CacheLabels, Gauge<f64, AtomicU64>>,
@@ -104,6 +114,18 @@ impl Default for Metrics {
             "guard_decisions",
             "GPU-node guard decisions by mode and outcome (allowed, exempt, unjudged, denied, warned, audited)",
             guard_decisions.clone(),
+        );
+        let avoidance = Family::<AvoidanceLabels, Counter>::default();
+        registry.register(
+            "failed_node_avoidance",
+            "Job pods at CREATE whose workload has device failures on record: kept off those nodes (excluded), or admitted unchanged because the record does not read (unreadable)",
+            avoidance.clone(),
+        );
+        let avoided_nodes = Counter::default();
+        registry.register(
+            "failed_nodes_excluded",
+            "Nodes excluded from new pods' node affinity, summed over the pods kept off them",
+            avoided_nodes.clone(),
         );
         let cache_synced = Family::<CacheLabels, Gauge>::default();
         registry.register(
@@ -164,6 +186,8 @@ impl Default for Metrics {
             in_flight,
             patches,
             guard_decisions,
+            avoidance,
+            avoided_nodes,
             cache_synced,
             cache_objects,
             cache_last_event_age,

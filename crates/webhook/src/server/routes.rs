@@ -13,8 +13,9 @@ use axum::routing::post;
 use super::MAX_BODY_BYTES;
 use super::metrics::{self, RequestLabels};
 use super::state::AppState;
-use crate::admission::{self, ReviewError, ReviewOutcome, Reviewed, Webhook};
+use crate::admission::{self, Avoided, ReviewError, ReviewOutcome, Reviewed, Webhook};
 use gpu_guard_core::guard::ClusterView;
+use gpu_guard_core::memory::avoid::Memories;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::{MUTATE_PATH, VALIDATE_PATH};
 
@@ -31,17 +32,30 @@ pub fn webhook_router(state: Arc<AppState>) -> Router {
 pub const REVIEW_LOG_TARGET: &str = "gpu_guard::admission";
 
 async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    webhook(Webhook::Mutate, &state, request, admission::review).await
+    webhook(
+        Webhook::Mutate,
+        &state,
+        request,
+        admission::review_with_memories,
+    )
+    .await
 }
 
 async fn validate(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    webhook(Webhook::Validate, &state, request, admission::review).await
+    webhook(
+        Webhook::Validate,
+        &state,
+        request,
+        admission::review_with_memories,
+    )
+    .await
 }
 
-/// What decides a request body: [`admission::review`]. A parameter, not a fixed call, so that
-/// the unit tests below can show what a panic or an internal error of it becomes; no such input
-/// is known to reach the real one.
-type Review = fn(Webhook, &[u8], &Policy, &dyn ClusterView) -> Result<Reviewed, ReviewError>;
+/// What decides a request body: [`admission::review_with_memories`]. A parameter, not a fixed
+/// call, so that the unit tests below can show what a panic or an internal error of it
+/// becomes; no such input is known to reach the real one.
+type Review =
+    fn(Webhook, &[u8], &Policy, &dyn ClusterView, &dyn Memories) -> Result<Reviewed, ReviewError>;
 
 /// Reads the body (within [`MAX_BODY_BYTES`]) and decides; the headers are read in place.
 async fn webhook(webhook: Webhook, state: &AppState, request: Request, review: Review) -> Response {
@@ -95,14 +109,48 @@ fn handle(
         );
     }
     // The closure only reads the policy and the body; a panic leaves nothing half-updated.
-    let (policy, view) = (&state.policy, &*state.view);
+    let (policy, view, memories) = (&state.policy, &*state.view, state.memories());
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        review(webhook, body, policy, view)
+        review(webhook, body, policy, view, memories)
     }));
     match result {
         Ok(Ok(reviewed)) => {
             if reviewed.patch_bytes > 0 {
                 state.metrics.patches.inc();
+            }
+            match &reviewed.avoided {
+                Some(Avoided::Excluded(nodes)) => {
+                    state
+                        .metrics
+                        .avoidance
+                        .get_or_create(&metrics::AvoidanceLabels {
+                            outcome: "excluded",
+                        })
+                        .inc();
+                    state.metrics.avoided_nodes.inc_by(*nodes as u64);
+                }
+                Some(Avoided::Unreadable { workload, error }) => {
+                    state
+                        .metrics
+                        .avoidance
+                        .get_or_create(&metrics::AvoidanceLabels {
+                            outcome: "unreadable",
+                        })
+                        .inc();
+                    // A Job of a thousand pods creates a thousand at once: one line a
+                    // minute per workload says it all.
+                    if state.unreadable_memories.first_in_a_while(workload) {
+                        tracing::warn!(
+                            target: REVIEW_LOG_TARGET,
+                            %workload,
+                            %error,
+                            namespace = %reviewed.namespace,
+                            "pod admitted without avoiding its workload's failed nodes (logged \
+                             once a minute per workload)"
+                        );
+                    }
+                }
+                None => {}
             }
             if let Some(guard) = reviewed.guard {
                 state
@@ -234,9 +282,10 @@ mod tests {
         body: &[u8],
         policy: &Policy,
         view: &dyn ClusterView,
+        memories: &dyn Memories,
     ) -> Result<Reviewed, ReviewError> {
         assert!(body != b"{\"panic\": true}", "a bug in a handler");
-        admission::review(webhook, body, policy, view)
+        admission::review_with_memories(webhook, body, policy, view, memories)
     }
 
     fn internal_error(
@@ -244,6 +293,7 @@ mod tests {
         _: &[u8],
         _: &Policy,
         _: &dyn ClusterView,
+        _: &dyn Memories,
     ) -> Result<Reviewed, ReviewError> {
         Err(ReviewError::Internal(
             "the computed patch does not apply".to_owned(),

@@ -1,14 +1,17 @@
 //! What every request shares: the policy, the guard's view of the cluster, metrics and the
 //! readiness flags; and what the admin port reports of it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+use std::time::Instant;
 
 use super::BODY_TIMEOUT;
 use super::metrics::Metrics;
 use super::tls::CertificateStore;
 use gpu_guard_core::guard::{ClusterView, StaticView};
+use gpu_guard_core::memory::avoid::{Memories, NoMemories};
 use gpu_guard_core::policy::Policy;
 use gpu_guard_runtime::cluster::ClusterCache;
 use gpu_guard_runtime::process::AdminProbes;
@@ -41,6 +44,40 @@ pub struct AppState {
     pub draining: AtomicBool,
     pub metrics: Metrics,
     pub certificates: Option<Arc<CertificateStore>>,
+    /// When a workload's unreadable memory was last logged.
+    pub unreadable_memories: LogLimiter,
+}
+
+/// Says whether a line about a key is due: the first in [`LogLimiter::EVERY`] for that key.
+#[derive(Debug, Default)]
+pub struct LogLimiter {
+    last: Mutex<HashMap<String, Instant>>,
+}
+
+impl LogLimiter {
+    pub const EVERY: Duration = Duration::from_secs(60);
+    /// Keys remembered at most; older ones are forgotten first.
+    const KEYS: usize = 1024;
+
+    /// Whether nothing about `key` was logged in the last [`LogLimiter::EVERY`]; if so, the
+    /// line is counted as logged now.
+    pub fn first_in_a_while(&self, key: &str) -> bool {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last
+            .get(key)
+            .is_some_and(|at| now.duration_since(*at) < Self::EVERY)
+        {
+            return false;
+        }
+        if last.len() >= Self::KEYS {
+            last.retain(|_, at| now.duration_since(*at) < Self::EVERY);
+        }
+        if last.len() < Self::KEYS {
+            last.insert(key.to_owned(), now);
+        }
+        true
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -68,7 +105,19 @@ impl AppState {
             draining: AtomicBool::new(false),
             metrics: Metrics::default(),
             certificates: None,
+            unreadable_memories: LogLimiter::default(),
         })
+    }
+}
+
+impl AppState {
+    /// Where a Pod CREATE reads its workload's device failures: the cluster caches, or none
+    /// (`serve --no-cluster`: every pod passes unchanged).
+    pub fn memories(&self) -> &dyn Memories {
+        match &self.cluster {
+            Some(cluster) => cluster,
+            None => &NoMemories,
+        }
     }
 }
 
@@ -80,7 +129,8 @@ impl AdminProbes for AppState {
             Err("starting")
         } else if !self.view.synced() {
             Err(
-                "waiting for the cluster caches to sync (PriorityClasses, Nodes and the DRA objects)",
+                "waiting for the cluster caches to sync (PriorityClasses, Nodes, the DRA objects, \
+                 and the Jobs and JobSets with device failures on record)",
             )
         } else {
             Ok(())

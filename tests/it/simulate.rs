@@ -118,32 +118,32 @@ fn bad_input_is_exit_2_with_a_message() {
     assert!(stderr.contains("go in pairs"), "{stderr}");
 }
 
-/// Every `$ gpu-guard ...` example of docs/simulate.md prints what the page shows.
+/// Every `$ gpu-guard simulate ...` example of the docs prints what the page shows: the pages
+/// use the command's output where they describe outcomes.
 #[test]
 fn the_examples_in_the_docs_are_what_it_prints() {
-    let page =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/simulate.md")).unwrap();
-    let mut examples = 0;
-    let mut lines = page.lines().peekable();
-    while let Some(line) = lines.next() {
-        let Some(command) = line.strip_prefix("$ ") else {
-            continue;
-        };
-        let mut shown = String::new();
-        while let Some(next) = lines.peek() {
-            if next.is_empty() || next.starts_with("```") || next.starts_with("$ ") {
-                break;
+    for (page, expected) in [("simulate.md", 6), ("mutation.md", 3), ("gang.md", 2)] {
+        let path = format!("{}/docs/{page}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut examples = 0;
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
+            let Some(command) = line.strip_prefix("$ ") else {
+                continue;
+            };
+            let mut shown = String::new();
+            while let Some(next) = lines.peek() {
+                if next.is_empty() || next.starts_with("```") || next.starts_with("$ ") {
+                    break;
+                }
+                shown.push_str(lines.next().unwrap());
+                shown.push('\n');
             }
-            shown.push_str(lines.next().unwrap());
-            shown.push('\n');
+            let ran = run_in_process(command.split_whitespace());
+            assert_eq!(ran.exit_code, 0, "{page}: {command}: {}", ran.stderr);
+            assert_eq!(ran.stdout, shown, "docs/{page} is stale for: {command}");
+            examples += 1;
         }
-        let ran = run_in_process(command.split_whitespace());
-        assert_eq!(ran.exit_code, 0, "{command}: {}", ran.stderr);
-        assert_eq!(
-            ran.stdout, shown,
-            "docs/simulate.md is stale for: {command}"
-        );
-        examples += 1;
+        assert_eq!(examples, expected, "the examples of docs/{page}");
     }
-    assert_eq!(examples, 6, "the page's examples");
 }

@@ -9,6 +9,7 @@ mod cli;
 mod cluster;
 mod controller;
 mod controller_lease;
+mod controller_memory;
 mod controller_nodes;
 mod controller_pods;
 mod corpus;

@@ -48,11 +48,14 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 ///   gpu-guard's taint ([`gpu_guard_core::health::node::daemonsets`]);
 /// - events (`events.k8s.io`) create/patch: kube's event recorder creates `events.k8s.io/v1`
 ///   Events, and patches one that repeats within minutes (an event series);
+/// - jobs (`batch`) and jobsets (`jobset.x-k8s.io`) get/patch: the read-modify-write of a
+///   workload's device-failure memory (its annotation and label; no list, no watch: only the
+///   workload of a failed pod is read, by name);
 ///
 /// Nothing on leases: those rights are [`LEASE_RULES`], in a Role of the controller's
 /// namespace. `tests/it/controller.rs` checks that every call the controller makes is allowed by
 /// these two.
-pub const RBAC_RULES: [RbacRule; 9] = [
+pub const RBAC_RULES: [RbacRule; 11] = [
     RbacRule::new("", "nodes", &["get", "list", "watch", "patch"]),
     RbacRule::new("", "pods", READ),
     RbacRule::new("", "pods/status", &["patch"]),
@@ -62,6 +65,8 @@ pub const RBAC_RULES: [RbacRule; 9] = [
     RbacRule::new("resource.k8s.io", "resourceclaims", READ),
     RbacRule::new("apps", "daemonsets", &["list"]),
     RbacRule::new("events.k8s.io", "events", &["create", "patch"]),
+    RbacRule::new("batch", "jobs", &["get", "patch"]),
+    RbacRule::new("jobset.x-k8s.io", "jobsets", &["get", "patch"]),
 ];
 
 /// The leader-election rights, in a Role of the controller's namespace (not the ClusterRole:

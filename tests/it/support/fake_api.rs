@@ -38,9 +38,11 @@ pub const CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 pub const DEVICE_CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
 pub const RESOURCE_SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub const DAEMONSETS: &str = "/apis/apps/v1/daemonsets";
+pub const JOBS: &str = "/apis/batch/v1/jobs";
+pub const JOBSETS: &str = "/apis/jobset.x-k8s.io/v1alpha2/jobsets";
 
 /// The collections served: path, kind, apiVersion.
-const COLLECTIONS: [(&str, &str, &str); 9] = [
+const COLLECTIONS: [(&str, &str, &str); 11] = [
     (NODES, "Node", "v1"),
     (PODS, "Pod", "v1"),
     (NAMESPACES, "Namespace", "v1"),
@@ -54,6 +56,8 @@ const COLLECTIONS: [(&str, &str, &str); 9] = [
     (DEVICE_CLASSES, "DeviceClass", "resource.k8s.io/v1"),
     (RESOURCE_SLICES, "ResourceSlice", "resource.k8s.io/v1"),
     (DAEMONSETS, "DaemonSet", "apps/v1"),
+    (JOBS, "Job", "batch/v1"),
+    (JOBSETS, "JobSet", "jobset.x-k8s.io/v1alpha2"),
 ];
 
 // === the log ===
@@ -154,6 +158,9 @@ pub struct State {
     pub requests: Vec<Logged>,
     /// The next node patches answered 409 after `conflict_change` is applied to the node.
     pub node_conflicts: usize,
+    /// The next patches of a namespaced object (a Job, a JobSet) answered 409 after someone
+    /// else changed the object (its resourceVersion moves on).
+    pub object_conflicts: usize,
     pub conflict_change: Option<fn(&mut Value)>,
     /// The status evictions are answered with (201 by default; 429: throttled, as API Priority
     /// and Fairness answers).
@@ -293,6 +300,7 @@ impl Fake {
             leases: BTreeMap::new(),
             requests: Vec::new(),
             node_conflicts: 0,
+            object_conflicts: 0,
             conflict_change: None,
             eviction_status: None,
             leases_failing: false,
@@ -447,6 +455,28 @@ impl Fake {
                 }
             }
             (&Method::PATCH, ["api", "v1", "nodes", name]) => patch_node(&mut state, name, body),
+            (&Method::GET, ["apis", group, version, "namespaces", ns, plural, name])
+                if state
+                    .collections
+                    .contains_key(format!("/apis/{group}/{version}/{plural}").as_str()) =>
+            {
+                let path = format!("/apis/{group}/{version}/{plural}");
+                match state.collections[path.as_str()]
+                    .objects
+                    .get(&format!("{ns}/{name}"))
+                {
+                    Some(object) => (StatusCode::OK, object.clone()),
+                    None => (StatusCode::NOT_FOUND, status(404, "NotFound", "not found")),
+                }
+            }
+            (&Method::PATCH, ["apis", group, version, "namespaces", ns, plural, name])
+                if state
+                    .collections
+                    .contains_key(format!("/apis/{group}/{version}/{plural}").as_str()) =>
+            {
+                let path = format!("/apis/{group}/{version}/{plural}");
+                patch_object(&mut state, &path, &format!("{ns}/{name}"), body)
+            }
             (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
                 patch_pod_status(&mut state, &format!("{ns}/{name}"), &body)
             }
@@ -755,6 +785,38 @@ fn patch_node(state: &mut State, name: &str, patch: Value) -> (StatusCode, Value
     }
     json_patch::merge(&mut node, &patch);
     (StatusCode::OK, state.apply(NODES, None, node))
+}
+
+/// A JSON merge patch of a namespaced object of the collection at `path`, with the
+/// resourceVersion precondition, as the API server applies it.
+fn patch_object(state: &mut State, path: &str, key: &str, patch: Value) -> (StatusCode, Value) {
+    let collection = COLLECTIONS
+        .iter()
+        .find(|(known, _, _)| *known == path)
+        .map(|(known, _, _)| *known)
+        .expect("a served collection");
+    let Some(mut object) = state.collections[collection].objects.get(key).cloned() else {
+        return (StatusCode::NOT_FOUND, status(404, "NotFound", "not found"));
+    };
+    if state.object_conflicts > 0 {
+        state.object_conflicts -= 1;
+        // Someone else's write (the Job controller's status update) moves it on.
+        object = state.apply(collection, None, object);
+    }
+    let wanted = patch["metadata"]["resourceVersion"].as_str();
+    if wanted.is_some_and(|wanted| Some(wanted) != object["metadata"]["resourceVersion"].as_str()) {
+        return (
+            StatusCode::CONFLICT,
+            status(
+                409,
+                "Conflict",
+                "Operation cannot be fulfilled: the object has been modified; please apply your \
+                 changes to the latest version and try again",
+            ),
+        );
+    }
+    json_patch::merge(&mut object, &patch);
+    (StatusCode::OK, state.apply(collection, None, object))
 }
 
 /// A strategic merge patch of status.conditions (merge key `type`). A `metadata.uid` in the

@@ -16,6 +16,8 @@
 //!   reflectors, and the device pods' facts;
 //! - `node_pass`, `pod_pass`: the two halves of a pass and their writes;
 //! - [`marker`]: the pod condition, from passes and from watch events;
+//! - [`memory`]: each device failure recorded in its workload's memory, and the free retries
+//!   of a workload past its budget ended;
 //! - [`throttle`]: the eviction token bucket and the per-pod eviction backoff;
 //! - [`events`]: Event reasons and publishing.
 //!
@@ -29,6 +31,7 @@
 mod caches;
 mod events;
 pub(crate) mod marker;
+pub mod memory;
 mod node_pass;
 mod pod_pass;
 mod pods;
@@ -79,6 +82,8 @@ enum Write<'a> {
     /// Mark the pod (`namespace/name`).
     Mark(&'a str),
     Evict(&'a str),
+    /// Record the pod's (`namespace/name`) device failure in its workload's memory.
+    Record(&'a str),
 }
 
 impl Write<'_> {
@@ -90,6 +95,7 @@ impl Write<'_> {
             Write::Untaint(_) => "untaint the node",
             Write::Mark(_) => "mark the pod",
             Write::Evict(_) => "evict the pod",
+            Write::Record(_) => "record the pod's device failure",
         }
     }
 
@@ -101,6 +107,7 @@ impl Write<'_> {
             Write::Untaint(_) => "untaint",
             Write::Mark(_) => "mark",
             Write::Evict(_) => "evict",
+            Write::Record(_) => "record",
         }
     }
 }
@@ -117,6 +124,10 @@ pub struct PassReport {
     pub peers_marked: Vec<String>,
     pub evicted: Vec<String>,
     pub evictions_deferred: Vec<String>,
+    /// Pods (`namespace/name`) whose device failure was recorded in their workload's memory.
+    pub recorded: Vec<String>,
+    /// Given `gpu-guard.io/DeviceRetriesExhausted`: pods of a workload past its budget.
+    pub retries_exhausted: Vec<String>,
     pub errors: Vec<String>,
     /// The pass stopped early: this replica's leadership ran out.
     pub stopped: bool,
@@ -183,7 +194,7 @@ impl Reconciler {
         let marker = Arc::new(Marker::new(
             config_for_marker,
             recorder.clone(),
-            policy.controller.dry_run,
+            &policy,
             metrics.clone(),
         )?);
         Ok(Self {
@@ -326,7 +337,7 @@ impl Reconciler {
             pods.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
         }
         if full {
-            self.forget_pods_gone(&pods);
+            self.forget_pods_gone(&pods, now);
         }
         self.node_states = node_states;
         report.stopped = self
@@ -384,7 +395,7 @@ impl Reconciler {
                 tracing::warn!(node = %node, %error, "cannot {doing}; retrying on the next pass");
                 node
             }
-            Write::Mark(pod) | Write::Evict(pod) => {
+            Write::Mark(pod) | Write::Evict(pod) | Write::Record(pod) => {
                 tracing::warn!(pod = %pod, %error, "cannot {doing}; retrying on the next pass");
                 pod
             }

@@ -149,8 +149,8 @@ impl Default for PodWatcher {
 /// running and new pods get `gpu-guard.io/DeviceRetriesExhausted=True`, and the injected
 /// podFailurePolicy counts their failures against `backoffLimit` again.
 ///
-/// The defaults: a healthy fleet sees about 19 device remediations per 1,000 nodes per day,
-/// so a pod on one node meets about 0.02 device failures a day, and a 64-pod Job running two
+/// The defaults: NVIDIA reports about 19 remediation requests per 1,000 nodes per day, so a
+/// pod on one node meets about 0.02 device failures a day, and a 64-pod Job running two
 /// weeks about 17 (of its 128). Past `perPod: 2` each, the failures are no longer the fleet's
 /// bad luck: the application misreports its own errors as device errors (a deterministic
 /// exit 74), or the workload breaks every node it lands on. `minimum: 3` lets a one-pod Job

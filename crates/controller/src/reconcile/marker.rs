@@ -522,8 +522,10 @@ impl EventQueue {
     }
 }
 
-/// The event path: marks each pod the pod cache sends (a device reported unhealthy, not marked
-/// yet) as it comes, once the opted-in namespaces are known, up to [`MARK_CONCURRENCY`] at a
+/// The event path: records the device failure of each pod the pod cache sends as failed of one
+/// (from the facts sent: the pod may be deleted already, [`super::memory`]), ending the free
+/// retries of a workload found past its budget; and marks each pod the pod cache sends (a
+/// device reported unhealthy, not marked yet) as it comes, once the opted-in namespaces are known, up to [`MARK_CONCURRENCY`] at a
 /// time, then, for a gang pod, its running peers ([`PodFacts::peers_due`]; a gang pod marked
 /// before whose failure became real since is sent for its peers alone). A pod that is gone, no
 /// longer needs the mark, or is not in an opted-in namespace is skipped; a failed mark is

@@ -165,6 +165,10 @@ impl FailureMemory {
     pub fn retain(&self, present: &[Arc<PodFacts>], now: Timestamp) {
         let uids: HashSet<&str> = present.iter().map(|pod| pod.uid.as_str()).collect();
         lock(&self.recorded).retain(|uid| uids.contains(uid.as_str()));
+        if lock(&self.standings).is_empty() {
+            // The common case: nothing to forget, and no set of every pod's workload to build.
+            return;
+        }
         let workloads: HashSet<WorkloadRef> =
             present.iter().filter_map(|pod| pod.workload()).collect();
         lock(&self.standings).retain(|workload, (_, read)| {

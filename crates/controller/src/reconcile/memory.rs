@@ -257,8 +257,10 @@ impl FailureMemory {
                 return Err(WriteError::NotLeading);
             }
             // The resourceVersion makes the merge patch conditional: 409 if the object changed
-            // since it was read (k8s.io/apiserver: a patch that sets metadata.resourceVersion is
-            // applied as an update with that precondition).
+            // since it was read. The API server applies a patch to the stored object and then
+            // stores the result as an update, whose resourceVersion (the one the patch set) is
+            // the precondition (k8s.io/apiserver `pkg/endpoints/handlers/patch.go`, through
+            // `GuaranteedUpdate`; kubernetes/kubernetes#63104, #63146).
             let patch = json!({"metadata": {
                 "resourceVersion": object.metadata.resource_version,
                 "annotations": {MEMORY_ANNOTATION: memory.to_annotation()},

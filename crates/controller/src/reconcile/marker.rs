@@ -97,8 +97,7 @@ impl Marker {
         let memory = Arc::new(FailureMemory::new(
             memory_client,
             recorder.clone(),
-            policy.controller.device_retries.clone(),
-            dry_run,
+            policy,
             metrics.clone(),
             leadership.clone(),
         ));

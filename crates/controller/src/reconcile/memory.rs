@@ -38,7 +38,7 @@ use gpu_guard_core::memory::{
     DeviceFailure, MEMORY_ANNOTATION, MEMORY_LABEL, Memory, WorkloadKind, WorkloadRef,
     workload_pods,
 };
-use gpu_guard_core::policy::DeviceRetries;
+use gpu_guard_core::policy::{DeviceRetries, Policy};
 
 /// How many times a record is read and written again after a 409 Conflict: a Job's status
 /// changes with every pod, so a conflict or two is ordinary; more means a busy object, and the
@@ -121,19 +121,20 @@ fn api_resource(kind: WorkloadKind) -> ApiResource {
 }
 
 impl FailureMemory {
+    /// Writes through `client`, by `policy`'s budget and dry run, while `leadership` (unset: no
+    /// election) lasts.
     pub fn new(
         client: Client,
         recorder: Recorder,
-        retries: DeviceRetries,
-        dry_run: bool,
+        policy: &Policy,
         metrics: Arc<ControllerMetrics>,
         leadership: Arc<OnceLock<Leadership>>,
     ) -> Self {
         Self {
             client,
             recorder,
-            retries,
-            dry_run,
+            retries: policy.controller.device_retries.clone(),
+            dry_run: policy.controller.dry_run,
             metrics,
             leadership,
             recorded: Mutex::default(),

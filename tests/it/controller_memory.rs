@@ -331,6 +331,34 @@ async fn a_dry_run_changes_nothing_and_a_missing_jobset_api_fails_nothing() {
     running.shutdown().await;
 }
 
+/// An annotation of the memory's name that is not gpu-guard's record is left alone, and said so.
+#[tokio::test]
+async fn an_annotation_that_is_not_gpu_guards_record_is_never_overwritten() {
+    let mut foreign = job("train", 1);
+    foreign["metadata"]["annotations"] = json!({MEMORY_ANNOTATION: "gpu-1,gpu-2"});
+    let (fake, running) = start(
+        vec![
+            (JOBS, foreign),
+            (PODS, job_pod("train-a", "train", None, "gpu-1", Some(74))),
+        ],
+        |_| {},
+    )
+    .await;
+    eventually("the Event that says so", || {
+        !events(&fake, "DeviceFailureMemoryUnreadable").is_empty()
+    })
+    .await;
+    let notes = events(&fake, "DeviceFailureMemoryUnreadable");
+    assert!(notes[0].1.contains("remove it"), "{notes:?}");
+    assert!(patches_of(&fake, JOBS).is_empty());
+    assert_eq!(
+        fake.object(JOBS, "ml/train")["metadata"]["annotations"][MEMORY_ANNOTATION],
+        "gpu-1,gpu-2"
+    );
+    assert_eq!(running.metrics.reconcile_errors.get(), 0);
+    running.shutdown().await;
+}
+
 /// A Job whose device keeps failing (exit 74, each time on another node) is recorded each
 /// time; past its budget (the default: 3 for one pod), its running pod gets
 /// `gpu-guard.io/DeviceRetriesExhausted=True` while it runs, and so does the next pod that

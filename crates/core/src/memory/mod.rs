@@ -136,9 +136,10 @@ impl Memory {
 }
 
 /// How many pods a workload runs at once, from its object (a Job's or a JobSet's JSON): a
-/// Job's `spec.parallelism` (default 1); for a JobSet, the sum over `spec.replicatedJobs` of
-/// `replicas` (default 1) times the template's `parallelism` (default 1) (jobset.x-k8s.io
-/// v1alpha2 `ReplicatedJob`). What the retry budget scales with.
+/// Job's `spec.parallelism` (default 1, batch/v1 `JobSpec`); for a JobSet, the sum over
+/// `spec.replicatedJobs` of `replicas` (default 1: kubernetes-sigs/jobset
+/// `api/jobset/v1alpha2/jobset_types.go`, `ReplicatedJob.Replicas`, `+kubebuilder:default=1`)
+/// times the template's `parallelism`. What the retry budget scales with.
 pub fn workload_pods(kind: WorkloadKind, object: &serde_json::Value) -> u32 {
     let count = |value: &serde_json::Value| {
         value

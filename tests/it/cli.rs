@@ -100,6 +100,12 @@ fn name_of(document: &Value) -> &str {
         .unwrap_or_else(|| panic!("document without metadata.name: {document}"))
 }
 
+/// The budget rule: past its budget of free device retries, a workload's failures count.
+fn budget_rule() -> Value {
+    json!({"action": "Count",
+           "onPodConditions": [{"status": "True", "type": "gpu-guard.io/DeviceRetriesExhausted"}]})
+}
+
 fn pod_condition_rule(condition: &str) -> Value {
     json!({
         "action": "Ignore",
@@ -118,6 +124,7 @@ fn exit_code_rule(action: &str, container: &str, codes: &[i32]) -> Value {
 fn default_failure_policy(containers: &[&str]) -> Value {
     let mut rules = vec![
         pod_condition_rule("DisruptionTarget"),
+        budget_rule(),
         pod_condition_rule("gpu-guard.io/DeviceFailure"),
     ];
     rules.extend(
@@ -156,7 +163,7 @@ fn mutate_injects_the_device_failure_policy_into_a_gpu_job() {
 
     assert_device_job_spec(&job["spec"], &["main"]);
     assert_eq!(
-        job["spec"]["podFailurePolicy"]["rules"][2]["onExitCodes"],
+        job["spec"]["podFailurePolicy"]["rules"][3]["onExitCodes"],
         json!({"containerName": "main", "operator": "In", "values": [74, 75, 138]})
     );
     let annotation = mutated_annotation(&job["metadata"]).expect("gpu-guard.io/mutated is set");
@@ -679,9 +686,9 @@ fn generate_without_container_matches_every_container_and_says_so() {
     let out = run(gpu_guard().args(["generate", "failure-policy"])).expect_code(0);
     let generated = single_yaml_document(&out.stdout);
     let rules = generated["podFailurePolicy"]["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 3);
+    assert_eq!(rules.len(), 4);
     assert_eq!(
-        rules[2]["onExitCodes"],
+        rules[3]["onExitCodes"],
         json!({"operator": "In", "values": [74, 75, 138]})
     );
     assert!(out.stderr.contains("--container"), "{}", out.stderr);
@@ -703,6 +710,7 @@ fn generate_per_index_turns_fail_job_rules_into_fail_index() {
         rules,
         json!([
             pod_condition_rule("DisruptionTarget"),
+            budget_rule(),
             pod_condition_rule("gpu-guard.io/DeviceFailure"),
             exit_code_rule("Ignore", "main", &[74, 75, 138]),
             exit_code_rule("FailIndex", "main", &[126, 127]),
@@ -717,12 +725,12 @@ fn generate_per_index_turns_fail_job_rules_into_fail_index() {
     ]))
     .expect_code(0);
     let rules = single_yaml_document(&whole_job.stdout)["podFailurePolicy"]["rules"].clone();
-    assert_eq!(rules[3], exit_code_rule("FailJob", "main", &[126, 127]));
+    assert_eq!(rules[4], exit_code_rule("FailJob", "main", &[126, 127]));
 }
 
 #[test]
 fn generate_falls_back_from_container_names_with_a_warning_when_the_rules_do_not_fit() {
-    // One rule per container would be 2 + 25 rules, over the API server's 20.
+    // One rule per container would be 3 + 25 rules, over the API server's 20.
     let mut command = gpu_guard();
     command.args(["generate", "failure-policy"]);
     for index in 1..=25 {
@@ -733,13 +741,14 @@ fn generate_falls_back_from_container_names_with_a_warning_when_the_rules_do_not
         single_yaml_document(&out.stdout)["podFailurePolicy"]["rules"],
         json!([
             pod_condition_rule("DisruptionTarget"),
+            budget_rule(),
             pod_condition_rule("gpu-guard.io/DeviceFailure"),
             {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}},
         ])
     );
     assert_eq!(
         out.stderr,
-        "warning: 25 device containers would need 27 rules (limit 20): exit-code rules match \
+        "warning: 25 device containers would need 28 rules (limit 20): exit-code rules match \
          every container, without containerName\n"
     );
 }
@@ -1485,7 +1494,7 @@ fn check_names_each_object_and_exits_1_when_something_would_be_denied() {
         )
     );
     assert!(
-        lines[3].starts_with("  mutate would: podFailurePolicy (3 rules)"),
+        lines[3].starts_with("  mutate would: podFailurePolicy (4 rules)"),
         "{}",
         lines[3]
     );
@@ -1779,7 +1788,7 @@ fn check_judges_each_trainer_runtime_under_the_default_mode() {
             ),
             // The GPU runtime's JobSet template gets the gang protection; the others use no
             // device.
-            "  mutate would: replicatedJob node: restartPolicy=Never, podFailurePolicy (3 rules), \
+            "  mutate would: replicatedJob node: restartPolicy=Never, podFailurePolicy (4 rules), \
              podReplacementPolicy=Failed, terminationGracePeriodSeconds=60, toleration \
              node.kubernetes.io/not-ready=900s, toleration node.kubernetes.io/unreachable=900s; \
              failurePolicy: 2 gang rules, maxRestarts=5"

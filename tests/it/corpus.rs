@@ -7,7 +7,7 @@
 //! ```yaml
 //! # follows: kubernetes-sigs/jobset examples/simple/max-restarts.yaml @ 7d3cf3e
 //! # expect exit: mutate=0 check=0
-//! # expect mutate: jobset/bounded-gpu-gang mutated "podFailurePolicy (3 rules)"
+//! # expect mutate: jobset/bounded-gpu-gang mutated "podFailurePolicy (4 rules)"
 //! # expect check: jobset/bounded-gpu-gang allowed
 //! ```
 //!

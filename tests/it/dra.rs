@@ -185,12 +185,17 @@ fn a_jobset_whose_workers_claim_gpus_gets_the_gang_policy() {
         "{rules:?}"
     );
     let child = &jobset["spec"]["replicatedJobs"][0]["template"]["spec"];
+    // Every device rule fails the child Job (the JobSet restarts its gang); the budget rule
+    // counts.
     assert!(
         child["podFailurePolicy"]["rules"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|rule| rule["action"] == "FailJob")
+            .all(|rule| rule["action"] == "FailJob"
+                || (rule["action"] == "Count"
+                    && rule["onPodConditions"][0]["type"]
+                        == "gpu-guard.io/DeviceRetriesExhausted"))
     );
 }
 
@@ -213,7 +218,7 @@ fn mutate_resolves_a_claim_template_shipped_after_its_job() {
     assert!(error.is_empty());
     let job = &out[0].value;
     assert_eq!(
-        job["spec"]["podFailurePolicy"]["rules"][2]["onExitCodes"]["containerName"],
+        job["spec"]["podFailurePolicy"]["rules"][3]["onExitCodes"]["containerName"],
         "ctr0"
     );
     let template = &out[1].value;

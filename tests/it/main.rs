@@ -11,6 +11,7 @@ mod cluster;
 mod controller;
 mod controller_conditions;
 mod controller_lease;
+mod controller_memory;
 mod controller_nodes;
 mod controller_pods;
 mod controller_stuck;

@@ -1293,7 +1293,7 @@ fn generated_jobs_exercise_every_kind_of_change() {
 
 /// Found by `mutation_is_idempotent`. Three device containers, a Job policy of 16 rules, two of
 /// which give containers `a` and `b` their own rule for exit code 75. The per-container device
-/// rules (2 + 3) do not fit next to 16, so the engine falls back to one exit-code rule for every
+/// rules (3 + 3) do not fit next to 15, so the engine falls back to one exit-code rule for every
 /// container. It used to leave 75 out of it because *some* container has its own rule for 75,
 /// so `c`'s exit code 75 was handled by no rule and a second pass added it. Now the fallback
 /// adds the per-container rule for `c` in the same pass.
@@ -1305,7 +1305,7 @@ fn merging_after_the_shared_rule_fallback_is_idempotent() {
     };
     let filler = json!({"action": "Count", "onExitCodes": {"operator": "In", "values": [1]}});
     let mut rules = vec![own_75("a"), own_75("b")];
-    rules.extend(std::iter::repeat_n(filler, 14));
+    rules.extend(std::iter::repeat_n(filler, 13));
     let gpu = json!({"limits": {"nvidia.com/gpu": "1"}});
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "batch/v1",

@@ -80,8 +80,8 @@ fn a_job_reapplied_by_its_manager_keeps_what_gpu_guard_added() {
             .as_array()
             .unwrap()
             .len(),
-        4,
-        "3 device rules before the user's own"
+        5,
+        "4 device rules before the user's own"
     );
 
     // A label changes in git; the manager applies again.
@@ -259,7 +259,7 @@ fn a_gang_jobs_pod_annotation_is_put_back_with_its_rules() {
         "true"
     );
     assert_eq!(
-        live["spec"]["podFailurePolicy"]["rules"][2]["onPodConditions"][0]["type"],
+        live["spec"]["podFailurePolicy"]["rules"][3]["onPodConditions"][0]["type"],
         "gpu-guard.io/PeerDeviceFailure"
     );
 

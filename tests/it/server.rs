@@ -286,7 +286,7 @@ async fn the_in_place_restart_profile_adds_restart_rules_over_https() {
             assert!(pod["containers"][0].get("restartPolicyRules").is_none());
         }
         // The device rules still name the trainer, for codes the restart rules leave alone.
-        let device = patched["spec"]["podFailurePolicy"]["rules"][2]["onExitCodes"].clone();
+        let device = patched["spec"]["podFailurePolicy"]["rules"][3]["onExitCodes"].clone();
         assert_eq!(device["values"], json!([74, 75, 138]));
         let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(patched).unwrap();
         assert_eq!(gpu_guard_core::api_rules::job::check_job(&job), Vec::new());

@@ -53,11 +53,14 @@ pub fn write_config(mut config: kube::Config) -> kube::Config {
 /// - pods delete: force-delete pods stuck Terminating on an unreachable node, used only when
 ///   `controller.stuckPods.forceDelete` is on (RBAC is static: the right is granted either
 ///   way);
+/// - jobs (`batch`) and jobsets (`jobset.x-k8s.io`) get/patch: the read-modify-write of a
+///   workload's device-failure memory (its annotation and label; no list, no watch: only the
+///   workload of a failed pod is read, by name);
 ///
 /// Nothing on leases: those rights are [`LEASE_RULES`], in a Role of the controller's
 /// namespace. `tests/it/controller.rs` checks that every call the controller makes is allowed by
 /// these two.
-pub const RBAC_RULES: [RbacRule; 11] = [
+pub const RBAC_RULES: [RbacRule; 13] = [
     RbacRule::new("", "nodes", &["get", "list", "watch", "patch"]),
     RbacRule::new("", "pods", READ),
     RbacRule::new("", "pods/status", &["patch"]),
@@ -69,6 +72,8 @@ pub const RBAC_RULES: [RbacRule; 11] = [
     RbacRule::new("events.k8s.io", "events", &["create", "patch"]),
     RbacRule::new("", "nodes/status", &["patch"]),
     RbacRule::new("", "pods", &["delete"]),
+    RbacRule::new("batch", "jobs", &["get", "patch"]),
+    RbacRule::new("jobset.x-k8s.io", "jobsets", &["get", "patch"]),
 ];
 
 /// The leader-election rights, in a Role of the controller's namespace (not the ClusterRole:

@@ -2,13 +2,15 @@
 //! tests read the same counters `/metrics` exposes. Counters count what was done, or in a dry
 //! run what would have been done (`gpu_guard_controller_dry_run` tells which).
 
+use gpu_guard_core::memory::WorkloadKind;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 23] = [
+pub const METRIC_NAMES: [(&str, &str); 26] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
@@ -38,7 +40,22 @@ pub const METRIC_NAMES: [(&str, &str); 23] = [
     ),
     ("gpu_guard_controller_stuck_pods", "gauge"),
     ("gpu_guard_controller_pods_force_deleted_total", "counter"),
+    (
+        "gpu_guard_controller_device_failures_recorded_total",
+        "counter",
+    ),
+    (
+        "gpu_guard_controller_device_retries_exhausted_total",
+        "counter",
+    ),
+    (
+        "gpu_guard_controller_pods_marked_retries_exhausted_total",
+        "counter",
+    ),
 ];
+
+/// The label of the workload metrics: `kind` (`Job`, `JobSet`).
+pub type KindLabel = Vec<(&'static str, &'static str)>;
 
 /// Every metric the controller exports.
 #[derive(Debug)]
@@ -78,6 +95,12 @@ pub struct ControllerMetrics {
     /// passes that judged them.
     pub stuck_pods: Gauge,
     pub pods_force_deleted: Counter,
+    /// Device failures recorded in their workload's memory, by workload kind.
+    pub failures_recorded: Family<KindLabel, Counter>,
+    /// Workloads found past their device-retry budget, by kind.
+    pub retries_exhausted: Family<KindLabel, Counter>,
+    /// Pods given `gpu-guard.io/DeviceRetriesExhausted`.
+    pub pods_marked_exhausted: Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -90,7 +113,7 @@ impl Default for ControllerMetrics {
                 metric
             }};
         }
-        Self {
+        let metrics = Self {
             gpu_nodes: register!(
                 Gauge::default(),
                 "controller_gpu_nodes",
@@ -206,9 +229,36 @@ impl Default for ControllerMetrics {
                 "controller_pods_force_deleted",
                 "Stuck pods deleted with gracePeriodSeconds 0 (controller.stuckPods.forceDelete; in a dry run: that would have been)"
             ),
+            failures_recorded: register!(
+                Family::<KindLabel, Counter>::default(),
+                "controller_device_failures_recorded",
+                "Device failures of pods recorded in their workload's annotation gpu-guard.io/device-failures, by workload kind (in a dry run: that would have been)"
+            ),
+            retries_exhausted: register!(
+                Family::<KindLabel, Counter>::default(),
+                "controller_device_retries_exhausted",
+                "Workloads found with more device failures on record than their budget (controller.deviceRetries), by kind"
+            ),
+            pods_marked_exhausted: register!(
+                Counter::default(),
+                "controller_pods_marked_retries_exhausted",
+                "Pods given the condition gpu-guard.io/DeviceRetriesExhausted=True (in a dry run: that would have been)"
+            ),
             registry,
+        };
+        // Exposed at 0 from the start, for each kind: a family without a sample is not
+        // exposed at all, and an alert on its rate would see no series.
+        for kind in [WorkloadKind::Job, WorkloadKind::JobSet] {
+            drop(metrics.failures_recorded.get_or_create(&kind_label(kind)));
+            drop(metrics.retries_exhausted.get_or_create(&kind_label(kind)));
         }
+        metrics
     }
+}
+
+/// The label set of a workload metric.
+pub fn kind_label(kind: WorkloadKind) -> KindLabel {
+    vec![("kind", kind.as_str())]
 }
 
 impl ControllerMetrics {

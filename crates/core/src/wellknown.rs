@@ -33,6 +33,11 @@ pub const DEVICE_FAILURE_CONDITION: &str = "gpu-guard.io/DeviceFailure";
 /// The pod condition the controller adds to the running peers of a gang pod that got
 /// [`DEVICE_FAILURE_CONDITION`]: they fail next, of the collective's error, not of their own.
 pub const PEER_DEVICE_FAILURE_CONDITION: &str = "gpu-guard.io/PeerDeviceFailure";
+/// The pod condition the controller adds to the running pods of a workload whose recorded
+/// device failures exceed its budget (`controller.deviceRetries`): the injected
+/// podFailurePolicy counts the failures of pods that carry it (a `Count` rule ahead of the
+/// `Ignore` rules), so free retries end.
+pub const DEVICE_RETRIES_EXHAUSTED_CONDITION: &str = "gpu-guard.io/DeviceRetriesExhausted";
 /// The taint key the controller puts on a GPU node whose devices degraded.
 pub const DEGRADED_TAINT_KEY: &str = "gpu-guard.io/device-degraded";
 /// The node annotation that records gpu-guard's ownership of its taint (the exact taint and

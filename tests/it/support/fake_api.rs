@@ -158,6 +158,9 @@ pub struct State {
     pub requests: Vec<Logged>,
     /// The next node patches answered 409 after `conflict_change` is applied to the node.
     pub node_conflicts: usize,
+    /// The next patches of a namespaced object (a Job, a JobSet) answered 409 after someone
+    /// else changed the object (its resourceVersion moves on).
+    pub object_conflicts: usize,
     pub conflict_change: Option<fn(&mut Value)>,
     /// The status evictions are answered with (201 by default; 429: throttled, as API Priority
     /// and Fairness answers).
@@ -299,6 +302,7 @@ impl Fake {
             leases: BTreeMap::new(),
             requests: Vec::new(),
             node_conflicts: 0,
+            object_conflicts: 0,
             conflict_change: None,
             eviction_status: None,
             leases_failing: false,
@@ -456,6 +460,28 @@ impl Fake {
                 }
             }
             (&Method::PATCH, ["api", "v1", "nodes", name]) => patch_node(&mut state, name, body),
+            (&Method::GET, ["apis", group, version, "namespaces", ns, plural, name])
+                if state
+                    .collections
+                    .contains_key(format!("/apis/{group}/{version}/{plural}").as_str()) =>
+            {
+                let path = format!("/apis/{group}/{version}/{plural}");
+                match state.collections[path.as_str()]
+                    .objects
+                    .get(&format!("{ns}/{name}"))
+                {
+                    Some(object) => (StatusCode::OK, object.clone()),
+                    None => (StatusCode::NOT_FOUND, status(404, "NotFound", "not found")),
+                }
+            }
+            (&Method::PATCH, ["apis", group, version, "namespaces", ns, plural, name])
+                if state
+                    .collections
+                    .contains_key(format!("/apis/{group}/{version}/{plural}").as_str()) =>
+            {
+                let path = format!("/apis/{group}/{version}/{plural}");
+                patch_object(&mut state, &path, &format!("{ns}/{name}"), body)
+            }
             (&Method::PATCH, ["api", "v1", "nodes", name, "status"]) => {
                 patch_node_status(&mut state, name, &body)
             }
@@ -849,6 +875,38 @@ fn delete_pod(state: &mut State, key: &str, options: &Value) -> (StatusCode, Val
         deleting["metadata"]["deletionTimestamp"] = json!("2027-01-15T08:00:00Z");
         (StatusCode::OK, state.apply(PODS, None, deleting))
     }
+}
+
+/// A JSON merge patch of a namespaced object of the collection at `path`, with the
+/// resourceVersion precondition, as the API server applies it.
+fn patch_object(state: &mut State, path: &str, key: &str, patch: Value) -> (StatusCode, Value) {
+    let collection = COLLECTIONS
+        .iter()
+        .find(|(known, _, _)| *known == path)
+        .map(|(known, _, _)| *known)
+        .expect("a served collection");
+    let Some(mut object) = state.collections[collection].objects.get(key).cloned() else {
+        return (StatusCode::NOT_FOUND, status(404, "NotFound", "not found"));
+    };
+    if state.object_conflicts > 0 {
+        state.object_conflicts -= 1;
+        // Someone else's write (the Job controller's status update) moves it on.
+        object = state.apply(collection, None, object);
+    }
+    let wanted = patch["metadata"]["resourceVersion"].as_str();
+    if wanted.is_some_and(|wanted| Some(wanted) != object["metadata"]["resourceVersion"].as_str()) {
+        return (
+            StatusCode::CONFLICT,
+            status(
+                409,
+                "Conflict",
+                "Operation cannot be fulfilled: the object has been modified; please apply your \
+                 changes to the latest version and try again",
+            ),
+        );
+    }
+    json_patch::merge(&mut object, &patch);
+    (StatusCode::OK, state.apply(collection, None, object))
 }
 
 /// A strategic merge patch of status.conditions (merge key `type`). A `metadata.uid` in the

@@ -21,6 +21,14 @@ pub const REASON_CONDITION_REMOVED: &str = "DeviceDegradedConditionRemoved";
 /// force deletion.
 pub const REASON_STUCK: &str = "StuckTerminating";
 pub const REASON_FORCE_DELETED: &str = "ForceDeleted";
+/// On a workload: a pod's device failure was recorded in its memory.
+pub const REASON_RECORDED: &str = "DeviceFailureRecorded";
+/// On a workload: its recorded device failures exceed its budget.
+pub const REASON_RETRIES_EXHAUSTED: &str = "DeviceRetriesExhausted";
+/// On a pod: given `gpu-guard.io/DeviceRetriesExhausted`.
+pub const REASON_EXHAUSTED_MARKED: &str = "DeviceRetriesExhaustedMarked";
+/// On a workload: its memory annotation is not gpu-guard's, and is left alone.
+pub const REASON_MEMORY_UNREADABLE: &str = "DeviceFailureMemoryUnreadable";
 
 /// The most bytes of an Event note the API server accepts.
 pub const EVENT_NOTE_MAX_BYTES: usize = 1024;
@@ -53,12 +61,28 @@ pub(super) async fn publish(
     action: &str,
     note: String,
 ) {
+    publish_related(recorder, regarding, None, type_, reason, action, note).await;
+}
+
+/// [`publish`], with the object the Event is also about (`related`). kube's recorder folds an
+/// Event into the series of an earlier one with the same regarding, related, reason and action
+/// (keeping the earlier note): two failures of a workload's pods, each told on the workload,
+/// stay two Events only when each names its pod as related.
+pub(super) async fn publish_related(
+    recorder: &Recorder,
+    regarding: &ObjectReference,
+    related: Option<ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let event = Event {
         type_,
         reason: reason.to_owned(),
         note: Some(truncate_note(note)),
         action: action.to_owned(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(error) = recorder.publish(&event, regarding).await {
         tracing::warn!(%error, reason, "cannot publish an Event");

@@ -32,13 +32,17 @@ use tokio::task::JoinSet;
 
 use super::WriteError;
 use super::caches::OptedIn;
-use super::events::{REASON_MARKED, REASON_PEER_MARKED, publish};
+use super::events::{REASON_EXHAUSTED_MARKED, REASON_MARKED, REASON_PEER_MARKED, publish};
+use super::memory::{FailureMemory, Standing};
 use super::pods::PodCache;
 use crate::lease::Leadership;
 use crate::metrics::ControllerMetrics;
 use gpu_guard_core::health::pod::{self, Cause, PodFacts};
+use gpu_guard_core::memory::WorkloadRef;
 use gpu_guard_core::policy::Policy;
-use gpu_guard_core::wellknown::{DEVICE_FAILURE_CONDITION, PEER_DEVICE_FAILURE_CONDITION};
+use gpu_guard_core::wellknown::{
+    DEVICE_FAILURE_CONDITION, DEVICE_RETRIES_EXHAUSTED_CONDITION, PEER_DEVICE_FAILURE_CONDITION,
+};
 
 /// The read and write timeout of a mark: short, so a slow API server does not hold up the
 /// marks behind it (the next pass retries a mark that timed out).
@@ -67,21 +71,39 @@ pub struct Marker {
     claimed: Mutex<HashSet<String>>,
     /// The pods (by uid) marked, or being marked, as peers this term.
     peers_claimed: Mutex<HashSet<String>>,
+    /// The pods (by uid) given `gpu-guard.io/DeviceRetriesExhausted`, or being given it,
+    /// this term.
+    exhausted_claimed: Mutex<HashSet<String>>,
+    /// Records device failures; shared with the passes.
+    memory: Arc<FailureMemory>,
 }
 
 impl Marker {
     /// A marker writing through a client made from `config` with [`MARK_TIMEOUT`].
+    /// Device failures are recorded through a client with the usual write timeouts (a
+    /// record reads before it writes, and is not on the mark's clock), by `policy`'s budget.
     pub fn new(
         config: kube::Config,
         recorder: Recorder,
-        dry_run: bool,
+        policy: &Policy,
         metrics: Arc<ControllerMetrics>,
     ) -> Result<Self, kube::Error> {
+        let dry_run = policy.controller.dry_run;
         let mut config = crate::write_config(config);
+        let memory_client = Client::try_from(config.clone())?;
         config.read_timeout = Some(MARK_TIMEOUT);
         config.write_timeout = Some(MARK_TIMEOUT);
         let leadership = Arc::new(OnceLock::new());
+        let memory = Arc::new(FailureMemory::new(
+            memory_client,
+            recorder.clone(),
+            policy,
+            metrics.clone(),
+            leadership.clone(),
+        ));
         Ok(Self {
+            memory,
+            exhausted_claimed: Mutex::new(HashSet::new()),
             client: Client::try_from(config)?,
             dry_run,
             events: EventQueue::new(EVENT_QUEUE_CAPACITY, recorder, leadership.clone()),
@@ -106,12 +128,61 @@ impl Marker {
     pub fn reset(&self) {
         self.claimed().clear();
         lock(&self.peers_claimed).clear();
+        lock(&self.exhausted_claimed).clear();
     }
 
     /// Forgets the pods (by uid) not in `present`.
     pub fn retain(&self, present: &HashSet<&str>) {
         self.claimed().retain(|uid| present.contains(uid.as_str()));
         lock(&self.peers_claimed).retain(|uid| present.contains(uid.as_str()));
+        lock(&self.exhausted_claimed).retain(|uid| present.contains(uid.as_str()));
+    }
+
+    /// The device-failure memory.
+    pub fn memory(&self) -> &Arc<FailureMemory> {
+        &self.memory
+    }
+
+    /// Adds `gpu-guard.io/DeviceRetriesExhausted=True` to `pod`, one of `workload`'s, and
+    /// queues its Event, as [`Marker::mark`] does. `Ok(false)`: given it already this term.
+    pub async fn mark_exhausted(
+        &self,
+        pod: &PodFacts,
+        workload: &WorkloadRef,
+        standing: Standing,
+        now: Timestamp,
+    ) -> Result<bool, WriteError> {
+        let message = pod::retries_exhausted_message(workload, standing.total, standing.budget);
+        self.write_condition(
+            pod,
+            ConditionWrite {
+                claims: &self.exhausted_claimed,
+                patch: pod::retries_exhausted_patch(&pod.uid, &message, now),
+                condition: DEVICE_RETRIES_EXHAUSTED_CONDITION,
+                event_reason: REASON_EXHAUSTED_MARKED,
+                counter: &self.metrics.pods_marked_exhausted,
+                note: message,
+                why: pod::REASON_RETRY_BUDGET_EXHAUSTED,
+            },
+        )
+        .await
+    }
+
+    /// Ends the free retries of `workload`, past its budget: every cached pod of it still
+    /// running or pending that lacks the condition gets it, up to [`MARK_CONCURRENCY`] at a
+    /// time. Returns each pod's `namespace/name` with what became of its mark.
+    pub async fn end_free_retries(
+        self: &Arc<Self>,
+        cache: &PodCache,
+        workload: &WorkloadRef,
+        standing: Standing,
+        now: Timestamp,
+    ) -> Vec<(String, Result<bool, WriteError>)> {
+        mark_each(cache.of_workload(workload), |pod| {
+            let (marker, workload) = (self.clone(), workload.clone());
+            async move { marker.mark_exhausted(&pod, &workload, standing, now).await }
+        })
+        .await
     }
 
     /// Whether this replica marked the pod (by uid) this term, or is marking it: in a dry run
@@ -227,32 +298,12 @@ impl Marker {
         peers: Vec<Arc<PodFacts>>,
         now: Timestamp,
     ) -> Vec<(String, Result<bool, WriteError>)> {
-        let slots = Arc::new(Semaphore::new(MARK_CONCURRENCY));
         let failed = Arc::new(failed.clone());
-        let mut marking = JoinSet::new();
-        for (at, peer) in peers.into_iter().enumerate() {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                break;
-            };
+        mark_each(peers, |peer| {
             let (marker, failed) = (self.clone(), failed.clone());
-            marking.spawn(async move {
-                let marked = marker.mark_peer(&peer, &failed, now).await;
-                drop(slot);
-                (at, peer.id(), marked)
-            });
-        }
-        let mut results = Vec::new();
-        while let Some(joined) = marking.join_next().await {
-            match joined {
-                Ok(result) => results.push(result),
-                Err(error) => tracing::warn!(%error, "a peer's mark did not finish"),
-            }
-        }
-        results.sort_by_key(|(at, _, _)| *at);
-        results
-            .into_iter()
-            .map(|(_, id, marked)| (id, marked))
-            .collect()
+            async move { marker.mark_peer(&peer, &failed, now).await }
+        })
+        .await
     }
 
     /// Sends a strategic merge patch of the pod's status.
@@ -272,6 +323,44 @@ impl Marker {
     fn claimed(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         lock(&self.claimed)
     }
+}
+
+/// Runs `mark` on each of `pods`, up to [`MARK_CONCURRENCY`] at a time. Returns each pod's
+/// `namespace/name` with what became of its mark, in the order of `pods`.
+async fn mark_each<F, Fut>(
+    pods: Vec<Arc<PodFacts>>,
+    mark: F,
+) -> Vec<(String, Result<bool, WriteError>)>
+where
+    F: Fn(Arc<PodFacts>) -> Fut,
+    Fut: std::future::Future<Output = Result<bool, WriteError>> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(MARK_CONCURRENCY));
+    let mut marking = JoinSet::new();
+    for (at, pod) in pods.into_iter().enumerate() {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let id = pod.id();
+        let marked = mark(pod);
+        marking.spawn(async move {
+            let marked = marked.await;
+            drop(slot);
+            (at, id, marked)
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(joined) = marking.join_next().await {
+        match joined {
+            Ok(result) => results.push(result),
+            Err(error) => tracing::warn!(%error, "a mark did not finish"),
+        }
+    }
+    results.sort_by_key(|(at, _, _)| *at);
+    results
+        .into_iter()
+        .map(|(_, id, marked)| (id, marked))
+        .collect()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -322,6 +411,38 @@ pub(super) fn replaced(error: &kube::Error) -> bool {
 /// Whether a replica under `leadership` (unset: no election) may write now.
 fn leading(leadership: &OnceLock<Leadership>) -> bool {
     leadership.get().is_none_or(Leadership::leads)
+}
+
+/// Records `failed`'s device failure from its watch event; a workload found past its budget
+/// has its free retries ended. A failed write is logged and left to the next pass.
+async fn record_and_end_free_retries(marker: &Arc<Marker>, pods: &PodCache, failed: &PodFacts) {
+    let now = Timestamp::now();
+    let recorded = match marker.memory.record(failed, now).await {
+        Ok(recorded) => recorded,
+        Err(WriteError::NotLeading) => return,
+        Err(WriteError::Api(error)) => {
+            marker.metrics.reconcile_errors.inc();
+            tracing::warn!(pod = %failed.id(), %error,
+                "cannot record the device failure; retrying on the next pass");
+            return;
+        }
+    };
+    let (Some(standing), Some(workload)) = (recorded.standing(), failed.workload()) else {
+        return;
+    };
+    if !standing.exhausted {
+        return;
+    }
+    for (pod, marked) in marker
+        .end_free_retries(pods, &workload, standing, now)
+        .await
+    {
+        if let Err(WriteError::Api(error)) = marked {
+            marker.metrics.reconcile_errors.inc();
+            tracing::warn!(pod = %pod, %error,
+                "cannot end the pod's free retries; retrying on the next pass");
+        }
+    }
 }
 
 /// An Event waiting to be published.
@@ -400,8 +521,10 @@ impl EventQueue {
     }
 }
 
-/// The event path: marks each pod the pod cache sends (a device reported unhealthy, not marked
-/// yet) as it comes, once the opted-in namespaces are known, up to [`MARK_CONCURRENCY`] at a
+/// The event path: records the device failure of each pod the pod cache sends as failed of one
+/// (from the facts sent: the pod may be deleted already, [`super::memory`]), ending the free
+/// retries of a workload found past its budget; and marks each pod the pod cache sends (a
+/// device reported unhealthy, not marked yet) as it comes, once the opted-in namespaces are known, up to [`MARK_CONCURRENCY`] at a
 /// time, then, for a gang pod, its running peers ([`PodFacts::peers_due`]; a gang pod marked
 /// before whose failure became real since is sent for its peers alone). A pod that is gone, no
 /// longer needs the mark, or is not in an opted-in namespace is skipped; a failed mark is
@@ -424,6 +547,18 @@ pub async fn mark_from_events(
         while marking.try_join_next().is_some() {}
         if !marker.leading() || !opted_in.contains(&sent.namespace) {
             continue;
+        }
+        if marker.memory.wants(&sent) {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            // From the facts sent, not the cache's: a JobSet's gang restart deletes the
+            // failed pod at once.
+            let (marker, pods, failed) = (marker.clone(), pods.clone(), sent.clone());
+            marking.spawn(async move {
+                record_and_end_free_retries(&marker, &pods, &failed).await;
+                drop(slot);
+            });
         }
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;

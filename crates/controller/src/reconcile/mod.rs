@@ -16,6 +16,8 @@
 //!   reflectors, and the device pods' facts;
 //! - `node_pass`, `pod_pass`: the two halves of a pass and their writes;
 //! - [`marker`]: the pod condition, from passes and from watch events;
+//! - [`memory`]: each device failure recorded in its workload's memory, and the free retries
+//!   of a workload past its budget ended;
 //! - [`throttle`]: the eviction token bucket and the per-pod eviction backoff;
 //! - [`events`]: Event reasons and publishing.
 //!
@@ -29,6 +31,7 @@
 mod caches;
 mod events;
 pub(crate) mod marker;
+pub mod memory;
 mod node_pass;
 mod pod_pass;
 mod pods;
@@ -85,6 +88,8 @@ enum Write<'a> {
     RemoveCondition(&'a str),
     /// Force-delete a stuck pod (`namespace/name`).
     ForceDelete(&'a str),
+    /// Record the pod's (`namespace/name`) device failure in its workload's memory.
+    Record(&'a str),
 }
 
 impl Write<'_> {
@@ -99,6 +104,7 @@ impl Write<'_> {
             Write::SetCondition(_) => "set the node condition",
             Write::RemoveCondition(_) => "remove the node condition",
             Write::ForceDelete(_) => "force-delete the stuck pod",
+            Write::Record(_) => "record the pod's device failure",
         }
     }
 
@@ -113,6 +119,7 @@ impl Write<'_> {
             Write::SetCondition(_) => "condition",
             Write::RemoveCondition(_) => "uncondition",
             Write::ForceDelete(_) => "force-delete",
+            Write::Record(_) => "record",
         }
     }
 }
@@ -129,6 +136,10 @@ pub struct PassReport {
     pub peers_marked: Vec<String>,
     pub evicted: Vec<String>,
     pub evictions_deferred: Vec<String>,
+    /// Pods (`namespace/name`) whose device failure was recorded in their workload's memory.
+    pub recorded: Vec<String>,
+    /// Given `gpu-guard.io/DeviceRetriesExhausted`: pods of a workload past its budget.
+    pub retries_exhausted: Vec<String>,
     pub errors: Vec<String>,
     /// Nodes whose `gpu-guard.io/DeviceDegraded` condition was added or rewritten, and removed.
     pub conditions_set: Vec<String>,
@@ -216,7 +227,7 @@ impl Reconciler {
         let marker = Arc::new(Marker::new(
             config_for_marker,
             recorder.clone(),
-            policy.controller.dry_run,
+            &policy,
             metrics.clone(),
         )?);
         Ok(Self {
@@ -371,7 +382,7 @@ impl Reconciler {
             pods.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
         }
         if full {
-            self.forget_pods_gone(&pods);
+            self.forget_pods_gone(&pods, now);
         }
         self.node_states = node_states;
         report.stopped = self
@@ -433,7 +444,7 @@ impl Reconciler {
                 tracing::warn!(node = %node, %error, "cannot {doing}; retrying on the next pass");
                 node
             }
-            Write::Mark(pod) | Write::Evict(pod) | Write::ForceDelete(pod) => {
+            Write::Mark(pod) | Write::Evict(pod) | Write::ForceDelete(pod) | Write::Record(pod) => {
                 tracing::warn!(pod = %pod, %error, "cannot {doing}; retrying on the next pass");
                 pod
             }

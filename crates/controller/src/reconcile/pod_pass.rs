@@ -16,6 +16,7 @@ use kube::runtime::events::EventType;
 
 use super::Caches;
 use super::events::{REASON_EVICTED, REASON_FORCE_DELETED, REASON_STUCK};
+use super::memory::Recorded;
 use super::pods::PodCache;
 use super::throttle::Backoff;
 use super::{PassReport, Reconciler, Stop, Write, WriteError};
@@ -42,6 +43,7 @@ impl Reconciler {
             }
             let pod = caches.claims.resolve(pod, &self.policy);
             self.judge_stuck(&pod, now, report).await?;
+            self.record_failure(&pod, &caches.pods, now, report).await?;
             let node_state = pod
                 .node
                 .as_ref()
@@ -155,6 +157,58 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Records the pod's device failure when this process has not (the event path missed it,
+    /// or the controller restarted: the memory says whether it is on record), and ends the
+    /// free retries of a workload found past its budget; gives the condition to a pod of a
+    /// workload known past its budget that lacks it (a new pod, or a mark that failed).
+    async fn record_failure(
+        &mut self,
+        pod: &PodFacts,
+        cache: &PodCache,
+        now: Timestamp,
+        report: &mut PassReport,
+    ) -> Result<(), Stop> {
+        let memory = self.marker.memory().clone();
+        let workload = pod.workload();
+        if memory.wants(pod) {
+            let recorded = memory.record(pod, now).await;
+            let Some(recorded) = self.settle(Write::Record(&pod.id()), recorded, report)? else {
+                return Ok(());
+            };
+            if matches!(recorded, Recorded::New(_)) {
+                report.recorded.push(pod.id());
+            }
+            if let (Some(standing), Some(workload)) = (recorded.standing(), &workload)
+                && standing.exhausted
+            {
+                let marks = self
+                    .marker
+                    .end_free_retries(cache, workload, standing, now)
+                    .await;
+                for (id, marked) in marks {
+                    if self.settle(Write::Mark(&id), marked, report)? == Some(true) {
+                        report.retries_exhausted.push(id);
+                    }
+                }
+            }
+        }
+        let Some(workload) = workload.filter(|workload| pod.needs_retries_exhausted(workload))
+        else {
+            return Ok(());
+        };
+        let Some(standing) = memory.standing(&workload).filter(|s| s.exhausted) else {
+            return Ok(());
+        };
+        let marked = self
+            .marker
+            .mark_exhausted(pod, &workload, standing, now)
+            .await;
+        if self.settle(Write::Mark(&pod.id()), marked, report)? == Some(true) {
+            report.retries_exhausted.push(pod.id());
+        }
+        Ok(())
+    }
+
     /// An eviction that did not happen and will not by retrying at once: its token goes back,
     /// and the pod backs off on its own.
     fn refuse(&mut self, uid: String, id: String, now: Timestamp, report: &mut PassReport) {
@@ -166,7 +220,8 @@ impl Reconciler {
     }
 
     /// Forgets what was remembered of pods that are gone: `present` are every cached pod.
-    pub(super) fn forget_pods_gone(&mut self, present: &[Arc<PodFacts>]) {
+    pub(super) fn forget_pods_gone(&mut self, present: &[Arc<PodFacts>], now: Timestamp) {
+        self.marker.memory().retain(present, now);
         let uids: HashSet<&str> = present.iter().map(|pod| pod.uid.as_str()).collect();
         self.marker.retain(&uids);
         self.evicted.retain(|uid| uids.contains(uid.as_str()));

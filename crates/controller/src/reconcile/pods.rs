@@ -33,6 +33,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
 use gpu_guard_core::health::pod::PodFacts;
+use gpu_guard_core::memory::WorkloadRef;
 use gpu_guard_core::policy::Policy;
 
 /// The pods the controller watches: bound to a node and not succeeded (as kube-scheduler
@@ -120,6 +121,20 @@ impl PodCache {
             .collect();
         sort(&mut peers);
         peers
+    }
+
+    /// The cached pods of `workload` still to be given `gpu-guard.io/DeviceRetriesExhausted`
+    /// ([`PodFacts::needs_retries_exhausted`]), sorted. One scan of the cache: it runs only
+    /// when a workload is found past its budget.
+    pub fn of_workload(&self, workload: &WorkloadRef) -> Vec<Arc<PodFacts>> {
+        let mut pods: Vec<Arc<PodFacts>> = self
+            .read()
+            .values()
+            .filter(|pod| pod.needs_retries_exhausted(workload))
+            .cloned()
+            .collect();
+        sort(&mut pods);
+        pods
     }
 
     /// How many device pods are cached.
@@ -307,7 +322,14 @@ impl Filler {
             }
             watcher::Event::Delete(WatchedPod(pod)) => {
                 if let Some(key) = key_of(&pod) {
-                    self.cache.write().remove(&key);
+                    let old = self.cache.write().remove(&key);
+                    // A pod deleted as it fails (a JobSet's gang restart) may show its failure
+                    // only here: recorded all the same.
+                    let facts = PodFacts::of(&pod, &self.policy);
+                    let known = old.is_some_and(|old| old.device_failure.is_some());
+                    if facts.is_device_pod() && facts.device_failure.is_some() && !known {
+                        self.send_urgent(Arc::new(facts));
+                    }
                 }
             }
         }
@@ -331,16 +353,20 @@ impl Filler {
         if old.as_deref() == Some(&*facts) {
             return Some(key);
         }
-        // A pod to mark, or a marked gang pod whose device failure just became real (its
-        // device reported unhealthy, or the pod failed): its peers are marked at once.
+        // A pod to mark, a marked gang pod whose device failure just became real (its device
+        // reported unhealthy, or the pod failed): its peers are marked at once; a pod that
+        // failed of a device: its failure is recorded at once (before a JobSet's gang restart
+        // deletes it).
         let urgent = |facts: &PodFacts| {
             facts.needs_mark_now(&self.policy)
                 || (self.policy.controller.pods.mark_pods && facts.peers_due(false))
         };
-        let urgent = urgent(&facts) && old.is_none_or(|old| !urgent(&old));
-        if urgent && let Some(sender) = &self.urgent {
-            // The receiver is gone only when the controller stops.
-            let _ = sender.send(facts);
+        let failed = |facts: &PodFacts| facts.device_failure.is_some();
+        let newly = |check: &dyn Fn(&PodFacts) -> bool| {
+            check(&facts) && old.as_deref().is_none_or(|old| !check(old))
+        };
+        if newly(&urgent) || newly(&failed) {
+            self.send_urgent(facts.clone());
         }
         self.cache
             .shared
@@ -350,6 +376,15 @@ impl Filler {
             .insert(key.clone());
         self.cache.shared.dirtied.notify_one();
         Some(key)
+    }
+}
+
+impl Filler {
+    fn send_urgent(&self, facts: Arc<PodFacts>) {
+        if let Some(sender) = &self.urgent {
+            // The receiver is gone only when the controller stops.
+            let _ = sender.send(facts);
+        }
     }
 }
 
@@ -431,12 +466,18 @@ mod watched {
         labels: Option<Labels>,
     }
 
-    /// The one label read (the Job's uid, what makes pods peers): serde skips the others
-    /// without allocating them.
+    /// The labels read (the Job's uid, what makes pods peers; the Job's and JobSet's names,
+    /// whose memory a failure goes to): serde skips the others without allocating them.
     #[derive(Default, Deserialize)]
     struct Labels {
         #[serde(rename = "batch.kubernetes.io/controller-uid")]
         job_uid: Option<String>,
+        #[serde(rename = "batch.kubernetes.io/job-name")]
+        job_name: Option<String>,
+        #[serde(rename = "job-name")]
+        legacy_job_name: Option<String>,
+        #[serde(rename = "jobset.sigs.k8s.io/jobset-name")]
+        jobset_name: Option<String>,
     }
 
     #[derive(Deserialize)]
@@ -474,6 +515,21 @@ mod watched {
         #[serde(default)]
         name: String,
         allocated_resources_status: Option<Vec<core::ResourceStatus>>,
+        state: Option<State>,
+    }
+
+    /// A container's state: only how it terminated (the device failure's exit code).
+    #[derive(Deserialize)]
+    struct State {
+        terminated: Option<Terminated>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Terminated {
+        exit_code: i32,
+        reason: Option<String>,
+        finished_at: Option<Time>,
     }
 
     impl From<Pod> for core::Pod {
@@ -489,8 +545,23 @@ mod watched {
                 annotations,
                 labels,
             } = pod.metadata;
-            let labels = labels.and_then(|labels| labels.job_uid).map(|uid| {
-                BTreeMap::from([(gpu_guard_core::health::pod::JOB_UID_LABEL.to_owned(), uid)])
+            let labels = labels.and_then(|labels| {
+                let kept: BTreeMap<String, String> = [
+                    (gpu_guard_core::health::pod::JOB_UID_LABEL, labels.job_uid),
+                    (
+                        gpu_guard_core::memory::failure::JOB_NAME_LABEL,
+                        labels.job_name,
+                    ),
+                    ("job-name", labels.legacy_job_name),
+                    (
+                        gpu_guard_core::jobset::JOBSET_NAME_LABEL,
+                        labels.jobset_name,
+                    ),
+                ]
+                .into_iter()
+                .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+                .collect();
+                (!kept.is_empty()).then_some(kept)
             });
             let containers = |containers: Vec<Container>| {
                 containers
@@ -508,6 +579,17 @@ mod watched {
                     .map(|s| core::ContainerStatus {
                         name: s.name,
                         allocated_resources_status: s.allocated_resources_status,
+                        state: s.state.map(|state| core::ContainerState {
+                            terminated: state.terminated.map(|terminated| {
+                                core::ContainerStateTerminated {
+                                    exit_code: terminated.exit_code,
+                                    reason: terminated.reason,
+                                    finished_at: terminated.finished_at,
+                                    ..core::ContainerStateTerminated::default()
+                                }
+                            }),
+                            ..core::ContainerState::default()
+                        }),
                         ..core::ContainerStatus::default()
                     })
                     .collect::<Vec<_>>()
@@ -668,6 +750,17 @@ mod tests {
             "status": "True", "reason": "PeerDeviceFailure",
             "lastTransitionTime": "2026-11-30T11:00:00Z"});
         variations.push(rank.clone());
+        // Failed of a device (exit 74), a pod of a JobSet's child Job: what the memory reads.
+        let mut failed = realistic_pod();
+        failed["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = json!("llm");
+        failed["status"]["phase"] = json!("Failed");
+        failed["status"]["containerStatuses"][0]["state"] = json!({"terminated": {
+            "exitCode": 74, "reason": "Error", "finishedAt": "2026-11-30T11:30:00Z",
+            "startedAt": "2026-11-30T10:00:30Z", "containerID": "containerd://3"}});
+        failed["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][1]["health"] =
+            json!("Healthy");
+        failed["status"]["conditions"].as_array_mut().unwrap().pop();
+        variations.push(failed.clone());
         let mut init_gpu = realistic_pod();
         init_gpu["spec"]["initContainers"][0]["resources"] =
             json!({"limits": {"amd.com/gpu": "1"}});
@@ -698,6 +791,18 @@ mod tests {
         assert_eq!(
             facts.created.map(|created| created.to_string()).as_deref(),
             Some("2026-11-30T10:00:00Z")
+        );
+        let pod: WatchedPod = serde_json::from_value(failed).expect("a watched Pod");
+        let facts = PodFacts::of(&pod.0, &policy);
+        let failure = facts.device_failure.as_deref().expect("a device failure");
+        assert_eq!(failure.cause, "exit code 74 in container trainer");
+        assert_eq!(failure.node, "gpu-7");
+        assert_eq!(
+            facts
+                .workload()
+                .map(|workload| workload.to_string())
+                .as_deref(),
+            Some("JobSet ml/llm")
         );
         let pod: WatchedPod = serde_json::from_value(dra).expect("a watched Pod");
         assert_eq!(

@@ -33,6 +33,9 @@ pub use failure::{FailureCause, WorkloadKind, WorkloadRef, device_failure, workl
 
 /// The annotation on a Job or JobSet that holds its [`Memory`] (JSON).
 pub const MEMORY_ANNOTATION: &str = "gpu-guard.io/device-failures";
+/// The label (value `"true"`) the controller sets beside [`MEMORY_ANNOTATION`]: a label, unlike
+/// an annotation, can select, so a cache can watch only the workloads that have a memory.
+pub const MEMORY_LABEL: &str = "gpu-guard.io/device-failures";
 
 /// One device failure of a pod of a workload.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,8 +96,20 @@ impl Memory {
 
     /// Records `failure`, unless the same pod's failure is recorded already; returns whether
     /// it was new. Only the most recent [`Memory::MAX_RECORDS`] are kept.
+    ///
+    /// When the record is full, a failure older than the oldest one kept is not new either:
+    /// it was recorded and has since been pushed out (a controller that restarts sees a plain
+    /// Job's failed pods again, all of them), and counting it again would spend the
+    /// workload's budget twice.
     pub fn record(&mut self, failure: DeviceFailure) -> bool {
         if self.failures.iter().any(|known| known.pod == failure.pod) {
+            return false;
+        }
+        let oldest = self.failures.first().and_then(|oldest| oldest.at);
+        if self.failures.len() >= Self::MAX_RECORDS
+            && let (Some(oldest), Some(at)) = (oldest, failure.at)
+            && at < oldest
+        {
             return false;
         }
         self.total = self.total.saturating_add(1);
@@ -119,6 +134,32 @@ impl Memory {
             }
         }
         nodes
+    }
+}
+
+/// How many pods a workload runs at once, from its object (a Job's or a JobSet's JSON): a
+/// Job's `spec.parallelism` (default 1, batch/v1 `JobSpec`); for a JobSet, the sum over
+/// `spec.replicatedJobs` of `replicas` (default 1: kubernetes-sigs/jobset
+/// `api/jobset/v1alpha2/jobset_types.go`, `ReplicatedJob.Replicas`, `+kubebuilder:default=1`)
+/// times the template's `parallelism`. What the retry budget scales with.
+pub fn workload_pods(kind: WorkloadKind, object: &serde_json::Value) -> u32 {
+    let count = |value: &serde_json::Value| {
+        value
+            .as_u64()
+            .map_or(1, |count| u32::try_from(count).unwrap_or(u32::MAX))
+    };
+    let spec = &object["spec"];
+    match kind {
+        WorkloadKind::Job => count(&spec["parallelism"]),
+        WorkloadKind::JobSet => spec["replicatedJobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|replicated| {
+                count(&replicated["replicas"])
+                    .saturating_mul(count(&replicated["template"]["spec"]["parallelism"]))
+            })
+            .fold(0u32, u32::saturating_add),
     }
 }
 
@@ -150,6 +191,36 @@ mod tests {
         assert_eq!(memory.failures.len(), Memory::MAX_RECORDS);
         assert_eq!(memory.failures[0].pod, "p10");
         assert_eq!(memory.failures.last().unwrap().pod, "p29");
+    }
+
+    #[test]
+    fn a_failure_older_than_a_full_record_is_not_counted_again() {
+        let mut memory = Memory::default();
+        for i in 0..Memory::MAX_RECORDS + 1 {
+            let at = format!("2026-12-04T10:{i:02}:00Z");
+            memory.record(failure(&format!("p{i}"), "n", Some(&at)));
+        }
+        assert_eq!(memory.total, 21);
+        // p0 was pushed out; a restarted controller sees its failed pod again.
+        assert!(!memory.record(failure("p0", "n", Some("2026-12-04T10:00:00Z"))));
+        assert_eq!(memory.total, 21);
+        assert!(memory.record(failure("p99", "n", Some("2026-12-04T11:00:00Z"))));
+        assert_eq!(memory.total, 22);
+    }
+
+    #[test]
+    fn a_workload_runs_its_parallelism_or_its_replicated_jobs_pods() {
+        use serde_json::json;
+        assert_eq!(workload_pods(WorkloadKind::Job, &json!({"spec": {}})), 1);
+        assert_eq!(
+            workload_pods(WorkloadKind::Job, &json!({"spec": {"parallelism": 8}})),
+            8
+        );
+        let jobset = json!({"spec": {"replicatedJobs": [
+            {"name": "workers", "replicas": 4, "template": {"spec": {"parallelism": 2}}},
+            {"name": "driver", "template": {"spec": {}}}]}});
+        assert_eq!(workload_pods(WorkloadKind::JobSet, &jobset), 9);
+        assert_eq!(workload_pods(WorkloadKind::JobSet, &json!({})), 0);
     }
 
     #[test]

@@ -30,7 +30,7 @@
 //! })).unwrap();
 //! let outcome = mutate_job(&job, &Policy::embedded());
 //! let rules = &outcome.job.spec.as_ref().unwrap().pod_failure_policy.as_ref().unwrap().rules;
-//! assert_eq!(rules.len(), 3); // DisruptionTarget, DeviceFailure, exit codes of "main"
+//! assert_eq!(rules.len(), 4); // DisruptionTarget, DeviceRetriesExhausted, DeviceFailure, exit codes of "main"
 //! assert!(gpu_guard_core::api_rules::job::check_job(&outcome.job).is_empty());
 //! ```
 

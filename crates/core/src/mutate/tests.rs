@@ -68,6 +68,7 @@ fn pod(outcome: &Outcome) -> &k8s_openapi::api::core::v1::PodSpec {
 fn default_rules_for(containers: &[&str]) -> Vec<Value> {
     let mut expected = vec![
         condition_rule("DisruptionTarget", "Ignore"),
+        condition_rule("gpu-guard.io/DeviceRetriesExhausted", "Count"),
         condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
     ];
     expected.extend(
@@ -95,7 +96,7 @@ fn a_plain_gpu_job_gets_the_full_treatment() {
     );
     let annotation = &outcome.job.metadata.annotations.as_ref().unwrap()[MUTATED_ANNOTATION];
     assert!(
-        annotation.starts_with("podFailurePolicy (3 rules)"),
+        annotation.starts_with("podFailurePolicy (4 rules)"),
         "{annotation}"
     );
     assert!(api_rules::job::check_job(&outcome.job).is_empty());
@@ -198,6 +199,7 @@ fn existing_rules_are_kept_in_order_after_the_device_rules_without_duplicates() 
         json!({"podFailurePolicy": {"rules": [
             exit_rule("main", "FailJob", &[42]),
             condition_rule("DisruptionTarget", "Ignore"),
+            condition_rule("gpu-guard.io/DeviceRetriesExhausted", "Count"),
         ]}}),
     );
     let outcome = mutate_job(&input, &Policy::default());
@@ -208,6 +210,7 @@ fn existing_rules_are_kept_in_order_after_the_device_rules_without_duplicates() 
             exit_rule("main", "Ignore", &[74, 75, 138]),
             exit_rule("main", "FailJob", &[42]),
             condition_rule("DisruptionTarget", "Ignore"),
+            condition_rule("gpu-guard.io/DeviceRetriesExhausted", "Count"),
         ]
     );
     assert!(matches!(&outcome.changes[0], Change::PrependRules(added) if added.len() == 2));
@@ -228,13 +231,14 @@ fn the_jobs_own_rule_wins_for_the_codes_and_conditions_it_handles() {
     );
     let outcome = mutate_job(&input, &Policy::default());
     assert_eq!(
-        rules(&outcome)[..2],
+        rules(&outcome)[..3],
         [
+            condition_rule("gpu-guard.io/DeviceRetriesExhausted", "Count"),
             condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
             exit_rule("main", "Ignore", &[75, 138]),
         ]
     );
-    assert_eq!(rules(&outcome).len(), 4);
+    assert_eq!(rules(&outcome).len(), 5);
     assert_eq!(
         outcome
             .warnings
@@ -261,6 +265,7 @@ fn a_not_in_rule_of_the_job_decides_every_device_code_it_does_not_list() {
         rules(&outcome),
         vec![
             condition_rule("DisruptionTarget", "Ignore"),
+            condition_rule("gpu-guard.io/DeviceRetriesExhausted", "Count"),
             condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
             fail_on_any_error,
         ]
@@ -282,7 +287,7 @@ fn a_not_in_rule_of_the_job_decides_every_device_code_it_does_not_list() {
         json!({"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [75, 143]}});
     let input = gpu_job(json!({}), json!({"podFailurePolicy": {"rules": [but_75]}}));
     let outcome = mutate_job(&input, &Policy::default());
-    assert_eq!(rules(&outcome)[2], exit_rule("main", "Ignore", &[75]));
+    assert_eq!(rules(&outcome)[3], exit_rule("main", "Ignore", &[75]));
 
     // A NotIn rule for another container decides nothing for `main`.
     let other = json!({"action": "FailJob", "onExitCodes":
@@ -295,7 +300,7 @@ fn a_not_in_rule_of_the_job_decides_every_device_code_it_does_not_list() {
     );
     let outcome = mutate_job(&input, &Policy::default());
     assert_eq!(
-        rules(&outcome)[2],
+        rules(&outcome)[3],
         exit_rule("main", "Ignore", &[74, 75, 138])
     );
 }
@@ -352,7 +357,7 @@ fn fail_job_codes_become_fail_index_only_on_per_index_jobs() {
             codes: vec![127, 126],
         });
     let plain = mutate_job(&gpu_job(json!({}), json!({})), &policy);
-    assert_eq!(rules(&plain)[3], exit_rule("main", "FailJob", &[126, 127]));
+    assert_eq!(rules(&plain)[4], exit_rule("main", "FailJob", &[126, 127]));
 
     let indexed = gpu_job(
         json!({}),
@@ -360,7 +365,7 @@ fn fail_job_codes_become_fail_index_only_on_per_index_jobs() {
     );
     let per_index = mutate_job(&indexed, &policy);
     assert_eq!(
-        rules(&per_index)[3],
+        rules(&per_index)[4],
         exit_rule("main", "FailIndex", &[126, 127])
     );
     assert!(api_rules::job::check_job(&per_index.job).is_empty());
@@ -371,7 +376,7 @@ fn fail_job_codes_become_fail_index_only_on_per_index_jobs() {
         .fail_index_for_per_index_jobs = false;
     let opted_out = mutate_job(&indexed, &policy);
     assert_eq!(
-        rules(&opted_out)[3],
+        rules(&opted_out)[4],
         exit_rule("main", "FailJob", &[126, 127])
     );
 }
@@ -392,13 +397,13 @@ fn own_rules(count: i32) -> Value {
 
 #[test]
 fn too_many_rules_fall_back_to_shared_rules_then_to_nothing() {
-    // 16 own rules + 2 condition rules + 3 per-container rules = 21: fall back to one rule.
+    // 16 own rules + 3 condition rules + 3 per-container rules = 22: fall back to one rule.
     let crowded = gpu_job(many_gpu_containers(3), own_rules(16));
     let outcome = mutate_job(&crowded, &Policy::default());
     let all = rules(&outcome);
-    assert_eq!(all.len(), 19);
+    assert_eq!(all.len(), 20);
     assert_eq!(
-        all[2],
+        all[3],
         json!({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}})
     );
     assert!(
@@ -420,9 +425,9 @@ fn too_many_rules_fall_back_to_shared_rules_then_to_nothing() {
     );
     assert!(api_rules::job::check_job(&outcome.job).is_empty());
 
-    // 18 per-container rules alone are fine.
+    // 17 per-container rules alone are fine (with the 3 condition rules).
     let wide = mutate_job(
-        &gpu_job(many_gpu_containers(18), json!({})),
+        &gpu_job(many_gpu_containers(17), json!({})),
         &Policy::default(),
     );
     assert_eq!(rules(&wide).len(), 20);
@@ -942,6 +947,7 @@ fn gang_annotation(outcome: &Outcome) -> Option<&str> {
 fn gang_rules() -> Vec<Value> {
     vec![
         condition_rule("DisruptionTarget", "Ignore"),
+        condition_rule("gpu-guard.io/DeviceRetriesExhausted", "Count"),
         condition_rule("gpu-guard.io/DeviceFailure", "Ignore"),
         condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore"),
         exit_rule("main", "Ignore", &[74, 75, 138]),
@@ -1099,10 +1105,10 @@ fn a_gang_jobs_own_peer_rule_wins_and_its_pods_are_still_announced() {
 fn the_peer_rule_follows_the_device_failure_rule_and_counts_toward_the_limit() {
     // The DeviceFailure rule's action is the peers' too.
     let mut count = Policy::embedded();
-    count.mutation.pod_failure_policy.pod_condition_rules[1].action = RuleAction::FailJob;
+    count.mutation.pod_failure_policy.pod_condition_rules[2].action = RuleAction::FailJob;
     let outcome = mutate_job(&indexed_job(Some(4), 4), &count);
     assert_eq!(
-        rules(&outcome)[1..3],
+        rules(&outcome)[2..4],
         [
             condition_rule("gpu-guard.io/DeviceFailure", "FailJob"),
             condition_rule("gpu-guard.io/PeerDeviceFailure", "FailJob"),
@@ -1113,14 +1119,14 @@ fn the_peer_rule_follows_the_device_failure_rule_and_counts_toward_the_limit() {
     none.mutation
         .pod_failure_policy
         .pod_condition_rules
-        .truncate(1);
+        .truncate(2);
     let outcome = mutate_job(&indexed_job(Some(4), 4), &none);
-    assert_eq!(rules(&outcome).len(), 2);
+    assert_eq!(rules(&outcome).len(), 3);
     assert_eq!(gang_annotation(&outcome), None);
 
-    // 15 own rules, 2 condition rules and 3 per-container rules fit (20); with the peer rule
+    // 14 own rules, 3 condition rules and 3 per-container rules fit (20); with the peer rule
     // they do not, so the exit-code rules fall back to one for every container (19).
-    let mut spec = own_rules(15);
+    let mut spec = own_rules(14);
     merge(
         &mut spec,
         json!({"completionMode": "Indexed", "completions": 4, "parallelism": 4}),
@@ -1130,11 +1136,11 @@ fn the_peer_rule_follows_the_device_failure_rule_and_counts_toward_the_limit() {
     let all = rules(&outcome);
     assert_eq!(all.len(), 19);
     assert_eq!(
-        all[2],
+        all[3],
         condition_rule("gpu-guard.io/PeerDeviceFailure", "Ignore")
     );
     assert_eq!(
-        all[3],
+        all[4],
         json!({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [74, 75, 138]}})
     );
     assert!(api_rules::job::check_job(&outcome.job).is_empty());

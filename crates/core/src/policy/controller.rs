@@ -33,6 +33,8 @@ pub struct Controller {
     pub pods: PodWatcher,
     /// Pods of protected Jobs stuck Terminating on a NotReady or unreachable node.
     pub stuck_pods: StuckPods,
+    /// How many device failures of a workload are retried for free (the budget).
+    pub device_retries: DeviceRetries,
 }
 
 impl Default for Controller {
@@ -43,6 +45,7 @@ impl Default for Controller {
             node_health: NodeHealth::default(),
             pods: PodWatcher::default(),
             stuck_pods: StuckPods::default(),
+            device_retries: DeviceRetries::default(),
         }
     }
 }
@@ -180,6 +183,61 @@ impl Default for StuckPods {
     }
 }
 
+/// The free retries of a workload's device failures. The controller records each device
+/// failure of a Job (for a JobSet's pods, of the JobSet) in its memory; once more are on
+/// record than the budget, `max(minimum, perPod x pods)` where `pods` is how many pods the
+/// workload runs at once (a Job's `parallelism`, a JobSet's replicas times parallelism), its
+/// running and new pods get `gpu-guard.io/DeviceRetriesExhausted=True`, and the injected
+/// podFailurePolicy counts their failures against `backoffLimit` again.
+///
+/// The defaults: NVIDIA reports about 19 remediation requests per 1,000 nodes per day, so a
+/// pod on one node meets about 0.02 device failures a day, and a 64-pod Job running two
+/// weeks about 17 (of its 128). Past `perPod: 2` each, the failures are no longer the fleet's
+/// bad luck: the application misreports its own errors as device errors (a deterministic
+/// exit 74), or the workload breaks every node it lands on. `minimum: 3` lets a one-pod Job
+/// ride out a bad node and its replacement's first trouble.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DeviceRetries {
+    /// End free retries past the budget. When false, device failures are still recorded
+    /// (the avoidance uses them), and retried for free without end.
+    pub enabled: bool,
+    /// Free device retries per pod the workload runs at once.
+    #[schemars(range(max = 1000))]
+    pub per_pod: u32,
+    /// The least budget of any workload, however small.
+    #[schemars(range(max = 10000))]
+    pub minimum: u32,
+}
+
+/// The largest `perPod`: more is no budget (use `enabled: false`).
+pub const MAX_RETRIES_PER_POD: u32 = 1000;
+/// The largest `minimum`.
+pub const MAX_RETRIES_MINIMUM: u32 = 10_000;
+
+impl Default for DeviceRetries {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            per_pod: 2,
+            minimum: 3,
+        }
+    }
+}
+
+impl DeviceRetries {
+    /// The budget of a workload that runs `pods` pods at once.
+    pub fn budget(&self, pods: u32) -> u32 {
+        self.minimum.max(self.per_pod.saturating_mul(pods))
+    }
+
+    /// Whether `total` recorded device failures exceed the budget of a workload of `pods`
+    /// pods (never when budgets are off).
+    pub fn exhausted(&self, total: u32, pods: u32) -> bool {
+        self.enabled && total > self.budget(pods)
+    }
+}
+
 /// The `controller` section's semantic rules.
 pub(super) fn validate_controller(controller: &Controller) -> Vec<(FieldPath, String)> {
     let mut problems = Vec::new();
@@ -252,6 +310,29 @@ pub(super) fn validate_controller(controller: &Controller) -> Vec<(FieldPath, St
             "must be at least 1; to evict nothing, set evictPods: false".to_owned(),
         ));
     }
+    let retries = root.child("deviceRetries");
+    for (field, value, max) in [
+        (
+            "perPod",
+            controller.device_retries.per_pod,
+            MAX_RETRIES_PER_POD,
+        ),
+        (
+            "minimum",
+            controller.device_retries.minimum,
+            MAX_RETRIES_MINIMUM,
+        ),
+    ] {
+        if value > max {
+            problems.push((
+                retries.child(field),
+                format!(
+                    "must be at most {max}, found {value}; to retry device failures for free \
+                     without end, set deviceRetries.enabled: false"
+                ),
+            ));
+        }
+    }
     problems.extend(validate_stuck_pods(&controller.stuck_pods, &root));
     problems
 }
@@ -308,6 +389,8 @@ mod tests {
         controller.node_health.degraded_for_seconds = u64::MAX;
         controller.node_health.healthy_for_seconds = MAX_HOLD_SECONDS + 1;
         controller.pods.evictions_per_minute = 0;
+        controller.device_retries.per_pod = 1001;
+        controller.device_retries.minimum = 10_001;
         let found = messages(&controller);
         assert_eq!(
             found,
@@ -319,6 +402,8 @@ mod tests {
                 "controller.nodeHealth.unusableDevices.percent: must be 1 to 100, found 101",
                 "controller.nodeHealth.maxTaintedPercent: must be 0 to 100, found 150",
                 "controller.pods.evictionsPerMinute: must be at least 1; to evict nothing, set evictPods: false",
+                "controller.deviceRetries.perPod: must be at most 1000, found 1001; to retry device failures for free without end, set deviceRetries.enabled: false",
+                "controller.deviceRetries.minimum: must be at most 10000, found 10001; to retry device failures for free without end, set deviceRetries.enabled: false",
             ]
         );
     }
@@ -383,6 +468,28 @@ mod tests {
             error.to_string().contains("set count or percent"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_budget_scales_with_the_pods_and_has_a_floor() {
+        let retries = DeviceRetries::default();
+        assert_eq!(retries.budget(1), 3);
+        assert_eq!(retries.budget(64), 128);
+        assert!(!retries.exhausted(3, 1));
+        assert!(retries.exhausted(4, 1));
+        assert_eq!(
+            DeviceRetries {
+                per_pod: u32::MAX,
+                ..retries.clone()
+            }
+            .budget(2),
+            u32::MAX
+        );
+        let off = DeviceRetries {
+            enabled: false,
+            ..retries
+        };
+        assert!(!off.exhausted(1000, 1));
     }
 
     #[test]

@@ -32,10 +32,11 @@ pub use guard::{
 };
 pub use load::{PolicyError, PolicyProblem, load, parse};
 
-pub use controller::StuckPods;
-pub use controller::{Controller, NodeHealth, PodWatcher, UnusableThreshold};
+pub use controller::{
+    Controller, DeviceRetries, NodeHealth, PodWatcher, StuckPods, UnusableThreshold,
+};
 
-use crate::wellknown::DEVICE_FAILURE_CONDITION;
+use crate::wellknown::{DEVICE_FAILURE_CONDITION, DEVICE_RETRIES_EXHAUSTED_CONDITION};
 use crate::wellknown::{POLICY_API_VERSION, POLICY_KIND};
 
 /// The source of the embedded default policy.
@@ -233,6 +234,14 @@ impl Default for PodFailurePolicySettings {
                     condition_type: "DisruptionTarget".to_owned(),
                     status: ConditionStatus::True,
                     action: RuleAction::Ignore,
+                },
+                // Past its budget a workload's failures count, even of a device: ahead of
+                // the device Ignore rules, after DisruptionTarget (a drain or a preemption is
+                // never the workload's fault, budget or not).
+                PodConditionRule {
+                    condition_type: DEVICE_RETRIES_EXHAUSTED_CONDITION.to_owned(),
+                    status: ConditionStatus::True,
+                    action: RuleAction::Count,
                 },
                 PodConditionRule {
                     condition_type: DEVICE_FAILURE_CONDITION.to_owned(),

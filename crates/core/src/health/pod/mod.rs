@@ -16,9 +16,12 @@ use serde_json::{Value, json};
 
 pub mod stuck;
 
+use crate::devices::NoDraFacts;
+use crate::memory::{DeviceFailure, WorkloadKind, WorkloadRef, device_failure, workload_of};
 use crate::policy::Policy;
 use crate::wellknown::{
-    DEGRADED_TAINT_KEY, DEVICE_FAILURE_CONDITION, GANG_KEY, PEER_DEVICE_FAILURE_CONDITION,
+    DEGRADED_TAINT_KEY, DEVICE_FAILURE_CONDITION, DEVICE_RETRIES_EXHAUSTED_CONDITION, GANG_KEY,
+    PEER_DEVICE_FAILURE_CONDITION,
 };
 
 /// The `reason` of the condition when a device of the pod is reported unhealthy.
@@ -148,6 +151,15 @@ pub struct PodFacts {
     pub deletion: Option<Timestamp>,
     /// A pod of a Job gpu-guard protects ([`stuck::is_protected`]).
     pub protected: bool,
+    /// The kind and name of the workload whose device-failure memory its failures go to
+    /// ([`workload_of`]; the namespace is the pod's): what ties a new pod to a workload whose
+    /// free retries are spent.
+    pub workload: Option<(WorkloadKind, String)>,
+    /// Its device failure, once it has failed of one ([`device_failure`]). Boxed: the pod
+    /// cache holds a word for the many pods that have not.
+    pub device_failure: Option<Box<DeviceFailure>>,
+    /// It has `gpu-guard.io/DeviceRetriesExhausted=True` already.
+    pub retries_exhausted: bool,
 }
 
 impl PodFacts {
@@ -183,7 +195,35 @@ impl PodFacts {
             created: pod.metadata.creation_timestamp.as_ref().map(|time| time.0),
             deletion: pod.metadata.deletion_timestamp.as_ref().map(|time| time.0),
             protected: stuck::is_protected(pod),
+            workload: workload_of(pod).map(|workload| (workload.kind, workload.name)),
+            // Without the DRA objects: a container that names a claim counts as a device
+            // container (its exit code must still be a device code). The pod cache reads
+            // none, and a failed pod's claims may be gone already.
+            device_failure: device_failure(pod, policy, &NoDraFacts).map(Box::new),
+            retries_exhausted: condition(pod, DEVICE_RETRIES_EXHAUSTED_CONDITION).is_some(),
         }
+    }
+
+    /// The workload whose memory this pod's failures go to.
+    pub fn workload(&self) -> Option<WorkloadRef> {
+        self.workload.as_ref().map(|(kind, name)| WorkloadRef {
+            kind: *kind,
+            namespace: self.namespace.clone(),
+            name: name.clone(),
+        })
+    }
+
+    /// Whether the pod is one of `workload`'s, still to be given
+    /// `gpu-guard.io/DeviceRetriesExhausted`: not finished, not carrying it yet.
+    pub fn needs_retries_exhausted(&self, workload: &WorkloadRef) -> bool {
+        self.namespace == workload.namespace
+            && self
+                .workload
+                .as_ref()
+                .is_some_and(|(kind, name)| *kind == workload.kind && *name == workload.name)
+            && matches!(self.phase.as_deref(), None | Some("Pending" | "Running"))
+            && !self.deleting
+            && !self.retries_exhausted
     }
 
     /// Whether the running peers of this pod are to be marked `gpu-guard.io/PeerDeviceFailure`:
@@ -556,6 +596,33 @@ pub fn peer_condition_patch(uid: &str, failed: &PodFacts, now: Timestamp) -> Val
         json!({"status": {"conditions": [peer_condition(failed, now)]}}),
         uid,
     )
+}
+
+/// The `reason` of `gpu-guard.io/DeviceRetriesExhausted`.
+pub const REASON_RETRY_BUDGET_EXHAUSTED: &str = "DeviceRetryBudgetExhausted";
+
+/// The message of `gpu-guard.io/DeviceRetriesExhausted`, and of its Event: how many device
+/// failures `workload` has on record against what budget.
+pub fn retries_exhausted_message(workload: &WorkloadRef, total: u32, budget: u32) -> String {
+    format!(
+        "{workload} has {total} device failures on record, more than its budget of {budget} \
+         free retries (controller.deviceRetries): from now on its pods' failures count against \
+         backoffLimit"
+    )
+}
+
+/// The strategic merge patch that adds `gpu-guard.io/DeviceRetriesExhausted=True` to the pod
+/// `uid` (with the uid, so a pod recreated under its name is refused).
+pub fn retries_exhausted_patch(uid: &str, message: &str, now: Timestamp) -> Value {
+    let condition = PodCondition {
+        type_: DEVICE_RETRIES_EXHAUSTED_CONDITION.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(REASON_RETRY_BUDGET_EXHAUSTED.to_owned()),
+        message: Some(message.to_owned()),
+        last_transition_time: Some(Time(now)),
+        ..PodCondition::default()
+    };
+    with_uid(json!({"status": {"conditions": [condition]}}), uid)
 }
 
 /// The condition gpu-guard adds.

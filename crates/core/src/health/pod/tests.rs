@@ -703,3 +703,63 @@ fn the_peer_condition_names_the_failed_pod_and_its_node_and_carries_the_peers_ui
             "lastTransitionTime": "1970-01-01T00:00:00Z"}]}})
     );
 }
+
+#[test]
+fn only_the_unfinished_pods_of_the_workload_still_lacking_it_need_the_budget_condition() {
+    let workload = WorkloadRef {
+        kind: WorkloadKind::Job,
+        namespace: "ml".to_owned(),
+        name: "train".to_owned(),
+    };
+    let running = PodFacts {
+        namespace: "ml".to_owned(),
+        name: "train-a".to_owned(),
+        phase: Some("Running".to_owned()),
+        workload: Some((WorkloadKind::Job, "train".to_owned())),
+        ..PodFacts::default()
+    };
+    assert!(running.needs_retries_exhausted(&workload));
+    let pending = PodFacts {
+        phase: Some("Pending".to_owned()),
+        ..running.clone()
+    };
+    assert!(pending.needs_retries_exhausted(&workload));
+    for other in [
+        PodFacts {
+            retries_exhausted: true,
+            ..running.clone()
+        },
+        PodFacts {
+            phase: Some("Failed".to_owned()),
+            ..running.clone()
+        },
+        PodFacts {
+            deleting: true,
+            ..running.clone()
+        },
+        PodFacts {
+            namespace: "other".to_owned(),
+            ..running.clone()
+        },
+        PodFacts {
+            workload: Some((WorkloadKind::JobSet, "train".to_owned())),
+            ..running.clone()
+        },
+        PodFacts {
+            workload: None,
+            ..running.clone()
+        },
+    ] {
+        assert!(!other.needs_retries_exhausted(&workload), "{other:?}");
+    }
+    let patch = retries_exhausted_patch(
+        "uid-1",
+        "4 on record",
+        "2027-01-15T08:00:00Z".parse().unwrap(),
+    );
+    assert_eq!(patch["metadata"]["uid"], "uid-1");
+    let condition = &patch["status"]["conditions"][0];
+    assert_eq!(condition["type"], "gpu-guard.io/DeviceRetriesExhausted");
+    assert_eq!(condition["reason"], "DeviceRetryBudgetExhausted");
+    assert_eq!(condition["status"], "True");
+}

@@ -77,6 +77,9 @@ fn a_gpu_jobset_without_a_failure_policy_restarts_its_gang_on_device_failures() 
         child_rules(&outcome, 1),
         json!([
             {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            // Past the budget a device failure counts against the child Job's backoffLimit:
+            // the Job fails of BackoffLimitExceeded, and the JobSet's restart counts.
+            {"action": "Count", "onPodConditions": [{"type": "gpu-guard.io/DeviceRetriesExhausted", "status": "True"}]},
             {"action": "FailJob", "onPodConditions": [{"type": "gpu-guard.io/DeviceFailure", "status": "True"}]},
             {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [74, 75, 138]}},
         ])
@@ -103,7 +106,7 @@ fn a_gpu_jobset_without_a_failure_policy_restarts_its_gang_on_device_failures() 
         json!({"maxRestarts": 5, "rules": [
             {"name": "gpuGuardDeviceRestart", "action": "RestartJobSet",
              "onJobFailureReasons": ["PodFailurePolicy"],
-             "onJobFailureMessagePatterns": ["matching FailJob rule at index (0|1|2)$"],
+             "onJobFailureMessagePatterns": ["matching FailJob rule at index (0|2|3)$"],
              "targetReplicatedJobs": ["workers"]},
             // Without a failure policy any failure failed the JobSet: still so for the rest.
             {"name": "gpuGuardOtherFailures", "action": "FailJobSet"},
@@ -131,9 +134,9 @@ fn the_jobsets_own_rules_follow_gpu_guards_and_its_budget_grows() {
     }));
     let outcome = run(&input, &Policy::embedded());
     let rules = child_rules(&outcome, 0);
-    assert_eq!(rules.as_array().unwrap().len(), 3);
+    assert_eq!(rules.as_array().unwrap().len(), 4);
     assert_eq!(
-        rules[2],
+        rules[3],
         json!({"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}),
         "the Job's own rule is kept, last"
     );
@@ -141,7 +144,7 @@ fn the_jobsets_own_rules_follow_gpu_guards_and_its_budget_grows() {
     assert_eq!(policy["maxRestarts"], 7, "2 of the user's + 5 for devices");
     assert_eq!(
         policy["rules"][0]["onJobFailureMessagePatterns"],
-        json!(["matching FailJob rule at index (0|1)$"])
+        json!(["matching FailJob rule at index (1|2)$"])
     );
     assert_eq!(
         policy["rules"][1],
@@ -166,15 +169,15 @@ fn non_retriable_codes_fail_the_jobset() {
         policy["rules"][0],
         json!({"name": "gpuGuardNonRetriable", "action": "FailJobSet",
                "onJobFailureReasons": ["PodFailurePolicy"],
-               "onJobFailureMessagePatterns": ["matching FailJob rule at index (3)$"],
+               "onJobFailureMessagePatterns": ["matching FailJob rule at index (4)$"],
                "targetReplicatedJobs": ["workers"]})
     );
     assert_eq!(
         policy["rules"][1]["onJobFailureMessagePatterns"],
-        json!(["matching FailJob rule at index (0|1|2)$"])
+        json!(["matching FailJob rule at index (0|2|3)$"])
     );
     assert_eq!(
-        child_rules(&outcome, 0)[3]["onExitCodes"]["values"],
+        child_rules(&outcome, 0)[4]["onExitCodes"]["values"],
         json!([126, 127])
     );
 }
@@ -195,7 +198,7 @@ fn replicated_jobs_with_different_rule_layouts_get_rules_of_their_own() {
     assert_eq!(rules[1]["targetReplicatedJobs"], json!(["workers"]));
     assert_eq!(
         rules[1]["onJobFailureMessagePatterns"],
-        json!(["matching FailJob rule at index (0|1|2|3)$"])
+        json!(["matching FailJob rule at index (0|2|3|4)$"])
     );
 }
 
@@ -311,7 +314,7 @@ fn the_summary_names_each_replicated_job_and_the_gang_rules() {
     let input = spec(json!({"replicatedJobs": [replica("workers", Some("Never"), true)]}));
     let summary = run(&input, &Policy::embedded()).summary();
     assert!(
-        summary.starts_with("replicatedJob workers: podFailurePolicy (3 rules)"),
+        summary.starts_with("replicatedJob workers: podFailurePolicy (4 rules)"),
         "{summary}"
     );
     assert!(

@@ -41,9 +41,8 @@ pub const JOBS: &str = "jobs";
 pub const JOBSETS: &str = "jobsets";
 
 /// The label the controller sets (`"true"`) on a Job or JobSet whose device failures it
-/// records, so that the webhook watches those only. The controller's side owns the name; this
-/// is its one use here.
-pub const MEMORY_LABEL: &str = "gpu-guard.io/device-failures";
+/// records: the webhook watches those only.
+pub use gpu_guard_core::memory::MEMORY_LABEL;
 
 /// The `resource` of the PriorityClass cache in [`CacheStatus`].
 pub const PRIORITY_CLASSES: &str = "priorityclasses";

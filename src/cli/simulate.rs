@@ -44,6 +44,10 @@ pub struct SimulateArgs {
     /// JobSet restarts already done that count against maxRestarts.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub restarts_so_far: i32,
+    /// Take JobSet's RestartJob feature gate as enabled (alpha and off by default in JobSet
+    /// v0.12.0): the RestartJob actions then recreate the failed child Job alone.
+    #[arg(long)]
+    pub jobset_restart_job_gate: bool,
     /// Simulate each object as gpu-guard would admit it (the mutation applied first); by
     /// default, as written.
     #[arg(long)]
@@ -82,6 +86,7 @@ pub(super) fn run(args: &SimulateArgs, policy: &Policy, out: &mut dyn Write, log
         index: args.index,
         failed_so_far: args.failed_so_far,
         restarts_so_far: args.restarts_so_far,
+        restart_job_gate: args.jobset_restart_job_gate,
     };
     let (inputs, errors) = Inputs::open(&args.input);
     for error in errors {

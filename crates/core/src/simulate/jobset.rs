@@ -12,7 +12,9 @@
 //!   without counting; `FailJobSet` fails it at once.
 //! - `RestartJob` and `RestartJobAndIgnoreMaxRestarts` need the `RestartJob` feature gate, alpha
 //!   and off by default in v0.12.0: without it the controller refuses the action and retries,
-//!   and the JobSet neither restarts nor fails.
+//!   and the JobSet neither restarts nor fails. With it, they recreate the failed child Job only
+//!   (`RestartJob` counting against `maxRestarts`, the other not), and the restarts that count
+//!   are the JobSet's and its child Jobs' together.
 //!
 //! The upstream tables (`failure_policy_test.go`, `TestFailurePolicyRuleIsApplicable`,
 //! `TestFindFirstFailedPolicyRuleAndJob`, `TestApplyFailurePolicyRuleAction`) are re-expressed in
@@ -83,6 +85,9 @@ pub enum Step {
         restarts_left: i32,
         condition_reason: String,
     },
+    /// Only the failed child Job is recreated (`RestartJob`, `RestartJobAndIgnoreMaxRestarts`
+    /// with the `RestartJob` gate); `counted` and `restarts_left` as for [`Step::Restarted`].
+    JobRestarted { counted: bool, restarts_left: i32 },
     /// The controller cannot apply the action (say why) and retries; nothing changes.
     Refused(String),
 }
@@ -110,8 +115,15 @@ pub fn rule_applies(rule: &JobSetFailurePolicyRule, failed: &FailedJob<'_>) -> b
 }
 
 /// What the JobSet with `spec` does when `failed` fails, after `restarts_counted` restarts that
-/// count against `maxRestarts` (`status.restartsCountTowardsMax`).
-pub fn step(spec: &JobSetSpec, failed: &FailedJob<'_>, restarts_counted: i32) -> Outcome {
+/// count against `maxRestarts` (`status.restartsCountTowardsMax`, and with the `RestartJob`
+/// gate the child Jobs' counted restarts too); `restart_job_gate`: JobSet's `RestartJob`
+/// feature gate is on.
+pub fn step(
+    spec: &JobSetSpec,
+    failed: &FailedJob<'_>,
+    restarts_counted: i32,
+    restart_job_gate: bool,
+) -> Outcome {
     let with_job = |message: &str| format!("{message} (first failed job: {})", failed.name);
     let Some(policy) = &spec.failure_policy else {
         return Outcome {
@@ -165,6 +177,20 @@ pub fn step(spec: &JobSetSpec, failed: &FailedJob<'_>, restarts_counted: i32) ->
             counted: false,
             restarts_left: (max_restarts - restarts_counted).max(0),
             condition_reason,
+        },
+        Some(Action::RestartJob) if restart_job_gate && restarts_counted >= max_restarts => {
+            Step::Failed {
+                reason: "ReachedMaxRestarts",
+                message: with_job("jobset failed due to reaching max number of restarts"),
+            }
+        }
+        Some(Action::RestartJob) if restart_job_gate => Step::JobRestarted {
+            counted: true,
+            restarts_left: max_restarts - restarts_counted - 1,
+        },
+        Some(Action::RestartJobAndIgnoreMaxRestarts) if restart_job_gate => Step::JobRestarted {
+            counted: false,
+            restarts_left: (max_restarts - restarts_counted).max(0),
         },
         Some(action @ (Action::RestartJob | Action::RestartJobAndIgnoreMaxRestarts)) => {
             Step::Refused(format!(

@@ -34,6 +34,8 @@ pub struct Failure {
     pub failed_so_far: i32,
     /// JobSet restarts done so far that count against `maxRestarts`.
     pub restarts_so_far: i32,
+    /// JobSet's `RestartJob` feature gate (alpha, off by default in v0.12.0) is on.
+    pub restart_job_gate: bool,
 }
 
 /// Why an object cannot be simulated as asked.
@@ -241,7 +243,12 @@ fn simulate_kind(
                 reason: &reason,
                 message: &message,
             };
-            let outcome = jobset::step(&spec, &failed, failure.restarts_so_far);
+            let outcome = jobset::step(
+                &spec,
+                &failed,
+                failure.restarts_so_far,
+                failure.restart_job_gate,
+            );
             jobset_story(&spec, &outcome, &mut story);
             let (failed, restarts_left, reason, message) = match &outcome.step {
                 jobset::Step::Failed { reason, message } => (
@@ -250,7 +257,8 @@ fn simulate_kind(
                     Some((*reason).to_owned()),
                     Some(message.clone()),
                 ),
-                jobset::Step::Restarted { restarts_left, .. } => {
+                jobset::Step::Restarted { restarts_left, .. }
+                | jobset::Step::JobRestarted { restarts_left, .. } => {
                     (false, Some(*restarts_left), None, None)
                 }
                 jobset::Step::Refused(_) => (false, None, None, None),
@@ -411,6 +419,18 @@ fn jobset_story(spec: &JobSetSpec, outcome: &jobset::Outcome, story: &mut Vec<St
         )),
         jobset::Step::Restarted { counted: false, .. } => story.push(
             "every child Job is recreated; the restart does not count against maxRestarts"
+                .to_owned(),
+        ),
+        jobset::Step::JobRestarted {
+            counted: true,
+            restarts_left,
+        } => story.push(format!(
+            "only the failed child Job is recreated; the restart counts: {restarts_left} of \
+             maxRestarts {max} left"
+        )),
+        jobset::Step::JobRestarted { counted: false, .. } => story.push(
+            "only the failed child Job is recreated; the restart does not count against \
+             maxRestarts"
                 .to_owned(),
         ),
         jobset::Step::Refused(why) => story.push(why.clone()),

@@ -152,16 +152,16 @@ fn the_first_applicable_rule_wins_else_restart_jobset() {
         ("FailedIndexes", Some(2)),
         ("PodFailurePolicy", None),
     ] {
-        let outcome = step(&spec, &failed(RJ1, reason, ""), 0);
+        let outcome = step(&spec, &failed(RJ1, reason, ""), 0, false);
         assert_eq!(outcome.rule.map(|(index, _)| index), rule, "{reason}");
     }
     // Without rules, or when none applies: RestartJobSet, the default.
-    let none = step(&spec, &failed(RJ1, "PodFailurePolicy", ""), 0);
+    let none = step(&spec, &failed(RJ1, "PodFailurePolicy", ""), 0, false);
     assert_eq!(none.action, Some(Action::RestartJobSet));
     let unmatched =
         spec_with_rules(json!([{"action": "FailJobSet", "targetReplicatedJobs": ["x"]}]));
     assert_eq!(
-        step(&unmatched, &failed(RJ1, BACKOFF, ""), 0).action,
+        step(&unmatched, &failed(RJ1, BACKOFF, ""), 0, false).action,
         Some(Action::RestartJobSet)
     );
 }
@@ -176,7 +176,7 @@ fn the_upstream_apply_action_table() {
     // FailJobSet.
     let fail = spec_with_rules(json!([{"name": "stop", "action": "FailJobSet"}]));
     assert_eq!(
-        step(&fail, &job, 0).step,
+        step(&fail, &job, 0, false).step,
         Step::Failed {
             reason: "FailJobSetFailurePolicyAction",
             message: "applying FailJobSet failure policy action (first failed job: test-job)"
@@ -187,7 +187,7 @@ fn the_upstream_apply_action_table() {
     let restart =
         spec(json!({"maxRestarts": 3, "rules": [{"name": "again", "action": "RestartJobSet"}]}));
     assert_eq!(
-        step(&restart, &job, 1).step,
+        step(&restart, &job, 1, false).step,
         Step::Restarted {
             counted: true,
             restarts_left: 1,
@@ -196,7 +196,7 @@ fn the_upstream_apply_action_table() {
     );
     let default = spec(json!({"maxRestarts": 3}));
     assert_eq!(
-        step(&default, &job, 0).step,
+        step(&default, &job, 0, false).step,
         Step::Restarted {
             counted: true,
             restarts_left: 2,
@@ -205,7 +205,7 @@ fn the_upstream_apply_action_table() {
     );
     // At maxRestarts the JobSet fails.
     assert_eq!(
-        step(&restart, &job, 3).step,
+        step(&restart, &job, 3, false).step,
         Step::Failed {
             reason: "ReachedMaxRestarts",
             message:
@@ -217,18 +217,18 @@ fn the_upstream_apply_action_table() {
     let ignore =
         spec_with_rules(json!([{"name": "host", "action": "RestartJobSetAndIgnoreMaxRestarts"}]));
     assert!(matches!(
-        step(&ignore, &job, 5).step,
+        step(&ignore, &job, 5, false).step,
         Step::Restarted { counted: false, .. }
     ));
     // RestartJob needs a gate that v0.12.0 leaves off.
     let one = spec_with_rules(json!([{"name": "one", "action": "RestartJob"}]));
-    assert!(matches!(step(&one, &job, 0).step, Step::Refused(_)));
+    assert!(matches!(step(&one, &job, 0, false).step, Step::Refused(_)));
 }
 
 #[test]
 fn without_a_failure_policy_the_jobset_fails() {
     let spec: JobSetSpec = serde_json::from_value(json!({"replicatedJobs": []})).unwrap();
-    let outcome = step(&spec, &failed(RJ1, BACKOFF, ""), 0);
+    let outcome = step(&spec, &failed(RJ1, BACKOFF, ""), 0, false);
     assert_eq!(outcome.action, None);
     assert_eq!(
         outcome.step,
@@ -241,10 +241,55 @@ fn without_a_failure_policy_the_jobset_fails() {
     // A failure policy without maxRestarts allows no restart.
     let bare = super::tests::spec(json!({}));
     assert!(matches!(
-        step(&bare, &failed(RJ1, BACKOFF, ""), 0).step,
+        step(&bare, &failed(RJ1, BACKOFF, ""), 0, false).step,
         Step::Failed {
             reason: "ReachedMaxRestarts",
             ..
         }
     ));
+}
+
+#[test]
+fn with_the_restart_job_gate_only_the_failed_job_is_recreated() {
+    let job = failed(RJ1, BACKOFF, "");
+    // Counted restarts (the JobSet's and its Jobs') below maxRestarts: the Job is recreated,
+    // and the restart counts.
+    let one = spec(json!({"maxRestarts": 5, "rules": [{"name": "one", "action": "RestartJob"}]}));
+    assert_eq!(
+        step(&one, &job, 0, true).step,
+        Step::JobRestarted {
+            counted: true,
+            restarts_left: 4
+        }
+    );
+    // At maxRestarts, counting a Job's earlier restart: the JobSet fails.
+    let two = spec(json!({"maxRestarts": 2, "rules": [{"name": "one", "action": "RestartJob"}]}));
+    assert!(matches!(
+        step(&two, &job, 2, true).step,
+        Step::Failed {
+            reason: "ReachedMaxRestarts",
+            ..
+        }
+    ));
+    // RestartJobSet at the combined limit fails too.
+    let all =
+        spec(json!({"maxRestarts": 2, "rules": [{"name": "all", "action": "RestartJobSet"}]}));
+    assert!(matches!(
+        step(&all, &job, 2, true).step,
+        Step::Failed {
+            reason: "ReachedMaxRestarts",
+            ..
+        }
+    ));
+    // RestartJobAndIgnoreMaxRestarts does not count, even at the limit.
+    let free = spec(
+        json!({"maxRestarts": 1, "rules": [{"name": "free", "action": "RestartJobAndIgnoreMaxRestarts"}]}),
+    );
+    assert_eq!(
+        step(&free, &job, 1, true).step,
+        Step::JobRestarted {
+            counted: false,
+            restarts_left: 0
+        }
+    );
 }

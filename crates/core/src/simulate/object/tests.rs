@@ -139,3 +139,48 @@ fn bad_input_says_what_is_known() {
         .is_none()
     );
 }
+
+#[test]
+fn a_cron_job_is_its_job_template_and_a_runtime_its_jobset_template() {
+    let cron = json!({
+        "apiVersion": "batch/v1", "kind": "CronJob",
+        "metadata": {"name": "nightly", "namespace": "ml"},
+        "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}
+            ]},
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "eval"}]}}
+        }}}
+    });
+    let failed = simulate(&cron, &exit("eval", 2)).unwrap().unwrap();
+    assert_eq!(failed.kind, "CronJob");
+    assert_eq!(failed.job.action, Some("FailJob"));
+    assert_eq!(
+        failed.job.message.as_deref(),
+        Some(
+            "Container eval for pod ml/nightly-xxxxx failed with exit code 2 matching FailJob rule at index 0"
+        )
+    );
+    let runtime = json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torch"},
+        "spec": {"template": {"spec": {
+            "failurePolicy": {"maxRestarts": 1},
+            "replicatedJobs": [{"name": "node", "template": {"spec": {
+                "backoffLimit": 0,
+                "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "node"}]}}
+            }}}]
+        }}}
+    });
+    let restarted = simulate(&runtime, &exit("node", 1)).unwrap().unwrap();
+    assert_eq!(restarted.kind, "ClusterTrainingRuntime");
+    assert!(restarted.job.job_failed);
+    let jobset = restarted.job_set.unwrap();
+    assert_eq!(jobset.action, Some("RestartJobSet"));
+    assert_eq!(jobset.restarts_left, Some(0));
+    assert!(
+        restarted.story[0].contains("child Job <trainjob>-node-0"),
+        "{:?}",
+        restarted.story
+    );
+}

@@ -122,7 +122,12 @@ fn bad_input_is_exit_2_with_a_message() {
 /// use the command's output where they describe outcomes.
 #[test]
 fn the_examples_in_the_docs_are_what_it_prints() {
-    for (page, expected) in [("simulate.md", 6), ("mutation.md", 4), ("gang.md", 2)] {
+    for (page, expected) in [
+        ("simulate.md", 6),
+        ("mutation.md", 4),
+        ("gang.md", 2),
+        ("controller.md", 2),
+    ] {
         let path = format!("{}/docs/{page}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
         let mut examples = 0;

@@ -37,7 +37,7 @@ fn mutate(input: &str) -> (Vec<Value>, String) {
 }
 
 /// The node names a pod's required node affinity excludes, per term.
-fn excluded(pod: &Value) -> Vec<Vec<String>> {
+pub(crate) fn excluded(pod: &Value) -> Vec<Vec<String>> {
     pod.pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
         .and_then(Value::as_array)
         .into_iter()
@@ -113,7 +113,7 @@ fn a_pod_of_a_job_without_device_failures_passes_unchanged() {
 
 // === the webhook ===
 
-mod webhook {
+pub(crate) mod webhook {
     use std::time::Duration;
 
     use gpu_guard_core::guard::StaticView;
@@ -135,7 +135,7 @@ mod webhook {
     /// `job` in `ml`: the recorded Pod CREATE (kube-apiserver v1.36), its object made a Job's
     /// pod (generateName, the Job controller's labels, owner reference and finalizer; no name
     /// yet, so none in the request either), sent by the Job controller's service account.
-    pub(super) fn job_pod_review(job: &str) -> Value {
+    pub(crate) fn job_pod_review(job: &str) -> Value {
         let mut body: Value = serde_json::from_slice(
             &std::fs::read("tests/fixtures/admission/013-Pod-CREATE-mutate.json")
                 .expect("the fixture"),

@@ -24,6 +24,7 @@ mod install;
 mod properties;
 mod reapply;
 mod reference_docs;
+mod retry_loop;
 mod server;
 mod simulate;
 mod validate;

@@ -303,19 +303,22 @@ pub fn run_with(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
 }
 
 /// The JSON document `-o json` prints when a command fails before it has any result: an
-/// empty `List` for `mutate`, the report with only the error for `check`.
+/// empty `List` for `mutate`, the report with only the error for `check`, an empty list for
+/// `simulate`.
 fn empty_json_output(command: &Command, message: &str) -> Option<String> {
     match command {
         Command::Mutate(args) if args.output == Format::Json => Some(failed_json(false, message)),
         Command::Check(args) if args.output == CheckFormat::Json => {
             Some(failed_json(true, message))
         }
+        Command::Simulate(args) if args.output == SimulateFormat::Json => Some("[]\n".to_owned()),
         _ => None,
     }
 }
 
 /// For a command line the parser refuses: the JSON document `-o json` promises, when the
-/// arguments ask for JSON output of `mutate` or `check` (the message is on stderr too).
+/// arguments ask for JSON output of `mutate`, `check` or `simulate` (the message is on stderr
+/// too).
 pub fn usage_error_json(args: &[OsString], message: &str) -> Option<String> {
     let message = message.lines().next().unwrap_or_default();
     let message = message.strip_prefix("error: ").unwrap_or(message);
@@ -336,6 +339,9 @@ pub fn usage_error_json(args: &[OsString], message: &str) -> Option<String> {
         Some(failed_json(true, message))
     } else if args.iter().any(|arg| arg == "mutate") {
         Some(failed_json(false, message))
+    } else if args.iter().any(|arg| arg == "simulate") {
+        // No workload was simulated: the empty list (the error is on stderr).
+        Some("[]\n".to_owned())
     } else {
         None
     }

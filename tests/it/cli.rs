@@ -2629,3 +2629,33 @@ fn a_key_defined_twice_in_json_is_refused_too() {
     );
     assert_eq!(out.stdout, text, "written through as it came");
 }
+
+#[test]
+fn simulate_prints_a_json_list_even_on_a_usage_error() {
+    let file = "tests/fixtures/simulate/gpu-job.yaml";
+    let bad = run(gpu_guard().args(["simulate", "-o", "json", "--exit-code", "x", "-f", file]))
+        .expect_code(2);
+    assert_eq!(bad.stdout, "[]\n");
+    assert!(bad.stderr.contains("--exit-code"), "{}", bad.stderr);
+    // A bad input is exit 2 too, with the list of what could be simulated.
+    let unknown = run(gpu_guard().args([
+        "simulate",
+        "-o",
+        "json",
+        "--container",
+        "nope",
+        "--exit-code",
+        "1",
+        "-f",
+        file,
+    ]))
+    .expect_code(2);
+    assert_eq!(unknown.stdout, "[]\n");
+    assert!(
+        unknown
+            .stderr
+            .contains("has no container or init container"),
+        "{}",
+        unknown.stderr
+    );
+}

@@ -449,3 +449,49 @@ async fn failures_of_pods_deleted_by_gang_restarts_still_count() {
     assert_eq!(running.metrics.suspect_taints_added.get(), 1);
     assert!(our_taints(&fake.object(NODES, "gpu-2")).is_empty());
 }
+
+/// A person removes the suspect taint (`kubectl taint`, which leaves the annotations): the
+/// annotations go, and the failures that made the node suspect do not taint it again; new
+/// ones do.
+#[tokio::test]
+async fn a_suspect_taint_removed_by_hand_is_not_put_back_for_the_same_failures() {
+    let mut world = world(|_| {}, three_on_gpu_1()).await;
+    assert_eq!(world.pass(1300).await.tainted, ["gpu-1"]);
+    let mut node = world.fake.object(NODES, "gpu-1");
+    node["spec"]["taints"] =
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]);
+    world.fake.put(NODES, node);
+    world
+        .node_cached("gpu-1", |node| our_taints(node).is_empty())
+        .await;
+    let report = world.pass(1400).await;
+    assert!(report.tainted.is_empty(), "{report:?}");
+    world
+        .node_cached("gpu-1", |node| {
+            node["metadata"]["annotations"][DEGRADED_OWNER_ANNOTATION].is_null()
+        })
+        .await;
+    let node = world.fake.object(NODES, "gpu-1");
+    assert!(
+        node["metadata"]["annotations"][SUSPECT_ANNOTATION].is_null(),
+        "{node}"
+    );
+    assert!(world.pass(1500).await.tainted.is_empty());
+    assert!(our_taints(&world.fake.object(NODES, "gpu-1")).is_empty());
+
+    // Three new failures after the removal make it suspect again.
+    for (name, seconds) in [("x", 1600), ("y", 1700), ("z", 1800)] {
+        world.fake.put(
+            PODS,
+            failed_pod(name, &format!("job-{name}"), "gpu-1", seconds),
+        );
+        world
+            .pod_cached(name, |pod| pod.device_failure.is_some())
+            .await;
+    }
+    assert_eq!(world.pass(1900).await.tainted, ["gpu-1"]);
+    assert_eq!(
+        world.fake.object(NODES, "gpu-1")["metadata"]["annotations"][SUSPECT_ANNOTATION],
+        "2027-01-15T08:30:00Z;x,y,z"
+    );
+}

@@ -112,15 +112,23 @@ const SEEN_PER_NODE: usize = 64;
 /// workloads' memories it reads. Kept after the pods are gone, until they are too old to count
 /// ([`SeenFailures::forget_before`]).
 #[derive(Default)]
-pub struct SeenFailures(Mutex<HashMap<String, Vec<DeviceFailure>>>);
+pub struct SeenFailures {
+    by_node: Mutex<HashMap<String, Vec<DeviceFailure>>>,
+    /// By node, when a person removed its suspect taint: failures until then no longer count.
+    cleared: Mutex<HashMap<String, Timestamp>>,
+}
 
 impl SeenFailures {
     /// Keeps `failure` (once per node and pod; a later time for the same pod replaces it).
     pub fn note(&self, failure: &DeviceFailure) {
-        if failure.node.is_empty() || failure.at.is_none() {
+        let Some(at) = failure.at else {
+            return;
+        };
+        let cleared = lock(&self.cleared).get(&failure.node).copied();
+        if failure.node.is_empty() || cleared.is_some_and(|cleared| at <= cleared) {
             return;
         }
-        let mut seen = lock(&self.0);
+        let mut seen = lock(&self.by_node);
         let on_node = seen.entry(failure.node.clone()).or_default();
         match on_node.iter_mut().find(|known| known.pod == failure.pod) {
             Some(known) if known.at < failure.at => *known = failure.clone(),
@@ -137,16 +145,25 @@ impl SeenFailures {
 
     /// The failures seen on `node`.
     pub fn on_node(&self, node: &str) -> Vec<DeviceFailure> {
-        lock(&self.0).get(node).cloned().unwrap_or_default()
+        lock(&self.by_node).get(node).cloned().unwrap_or_default()
     }
 
-    /// Forgets the failures before `cutoff` (too old to count any more).
+    /// A person removed the node's suspect taint at `now`: the failures seen on it until then
+    /// are forgotten, and are not counted again when seen again (the pods still cached).
+    pub fn clear_node(&self, node: &str, now: Timestamp) {
+        lock(&self.by_node).remove(node);
+        lock(&self.cleared).insert(node.to_owned(), now);
+    }
+
+    /// Forgets the failures before `cutoff` (too old to count any more), and the removals by
+    /// hand before it (what they cleared is too old anyway).
     pub fn forget_before(&self, cutoff: Timestamp) {
-        let mut seen = lock(&self.0);
+        let mut seen = lock(&self.by_node);
         for on_node in seen.values_mut() {
             on_node.retain(|failure| failure.at.is_some_and(|at| at >= cutoff));
         }
         seen.retain(|_, on_node| !on_node.is_empty());
+        lock(&self.cleared).retain(|_, cleared| *cleared >= cutoff);
     }
 }
 

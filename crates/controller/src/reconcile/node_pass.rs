@@ -39,6 +39,7 @@ use gpu_guard_core::health::pod::NodeState;
 use gpu_guard_core::health::pod::stuck::{Unready, node_unready};
 use gpu_guard_core::wellknown::{
     DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, DEVICE_DEGRADED_NODE_CONDITION,
+    SUSPECT_TAINT_VALUE,
 };
 
 /// Attempts of a node taint patch that meets a conflict (someone else changed the node).
@@ -200,6 +201,13 @@ impl Reconciler {
                 tracing::info!(node = %name, %resource, "{why}: no longer judged device plugin down");
             }
             if node::stale_annotation(&node) {
+                // A person removed a suspect taint: their word that the node is fine. The
+                // failures that made it suspect do not make it so again.
+                if node::owner_record(&node)
+                    .is_some_and(|record| record.value == SUSPECT_TAINT_VALUE)
+                {
+                    self.marker.memory().seen().clear_node(&name, now);
+                }
                 let cleared = self.clear_stale_annotation(&node).await;
                 self.settle(Write::ClearAnnotation(&name), cleared, report)?;
             }

@@ -15,6 +15,7 @@ mod controller_memory;
 mod controller_nodes;
 mod controller_pods;
 mod controller_stuck;
+mod controller_suspect;
 mod corpus;
 mod dra;
 mod fuzz;

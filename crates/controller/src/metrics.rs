@@ -10,11 +10,13 @@ use prometheus_client::registry::Registry;
 
 /// The metric names as exposed (the registry prefix `gpu_guard_` included; counters get
 /// `_total` appended), for documentation and dashboards.
-pub const METRIC_NAMES: [(&str, &str); 26] = [
+pub const METRIC_NAMES: [(&str, &str); 28] = [
     ("gpu_guard_controller_gpu_nodes", "gauge"),
     ("gpu_guard_controller_degraded_nodes", "gauge"),
     ("gpu_guard_controller_tainted_nodes", "gauge"),
     ("gpu_guard_controller_taints_added_total", "counter"),
+    ("gpu_guard_controller_suspect_nodes", "gauge"),
+    ("gpu_guard_controller_suspect_taints_added_total", "counter"),
     ("gpu_guard_controller_taints_removed_total", "counter"),
     ("gpu_guard_controller_pods_marked_total", "counter"),
     ("gpu_guard_controller_peer_pods_marked_total", "counter"),
@@ -66,6 +68,10 @@ pub struct ControllerMetrics {
     pub tainted_nodes: Gauge,
     pub taints_added: Counter,
     pub taints_removed: Counter,
+    /// GPU nodes holding gpu-guard's taint as suspect, and suspect taints added (counted in
+    /// `tainted_nodes` and `taints_added` too).
+    pub suspect_nodes: Gauge,
+    pub suspect_taints_added: Counter,
     pub pods_marked: Counter,
     /// Pods given `gpu-guard.io/PeerDeviceFailure` as running peers of a gang pod hit by a
     /// device failure.
@@ -133,6 +139,16 @@ impl Default for ControllerMetrics {
                 Counter::default(),
                 "controller_taints_added",
                 "Device-degraded taints added (in a dry run: that would have been)"
+            ),
+            suspect_nodes: register!(
+                Gauge::default(),
+                "controller_suspect_nodes",
+                "GPU nodes holding gpu-guard's taint as suspect: device failures of several pods, no unusable device (in a dry run: would)"
+            ),
+            suspect_taints_added: register!(
+                Counter::default(),
+                "controller_suspect_taints_added",
+                "Suspect taints added (in a dry run: that would have been)"
             ),
             taints_removed: register!(
                 Counter::default(),

@@ -43,6 +43,13 @@ pub const DEGRADED_TAINT_KEY: &str = "gpu-guard.io/device-degraded";
 /// The node annotation that records gpu-guard's ownership of its taint (the exact taint and
 /// since when), so a restarted controller only ever removes a taint it added.
 pub const DEGRADED_OWNER_ANNOTATION: &str = "gpu-guard.io/device-degraded-since";
+/// The value of gpu-guard's taint on a suspect node (device failures of several pods, no
+/// unusable device): not a resource name, so nothing reads it as one.
+pub const SUSPECT_TAINT_VALUE: &str = "suspect";
+/// The annotation of a suspect node: its last device failure and the pods that failed
+/// (`<RFC 3339 time>;<pod>,<pod>,...`), what its release after the quiet period needs, read
+/// back after a controller restart.
+pub const SUSPECT_ANNOTATION: &str = "gpu-guard.io/suspect-failures";
 
 // === the policy file ===
 

@@ -26,6 +26,7 @@ use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::DEVICE_DEGRADED_NODE_CONDITION;
 use gpu_guard_core::wellknown::{
     DEGRADED_OWNER_ANNOTATION, ENABLED_LABEL as NAMESPACE_OPT_IN_LABEL, IGNORE_VANISHED_ANNOTATION,
+    SUSPECT_ANNOTATION,
 };
 use gpu_guard_runtime::cluster::reflector::{Reflected, Watch};
 
@@ -270,11 +271,14 @@ pub(super) fn keep_node_taints_devices_and_owner(node: &mut Node) {
             uid: full.metadata.uid,
             resource_version: full.metadata.resource_version,
             annotations: full.metadata.annotations.and_then(|mut annotations| {
-                let kept: std::collections::BTreeMap<String, String> =
-                    [DEGRADED_OWNER_ANNOTATION, IGNORE_VANISHED_ANNOTATION]
-                        .into_iter()
-                        .filter_map(|key| annotations.remove_entry(key))
-                        .collect();
+                let kept: std::collections::BTreeMap<String, String> = [
+                    DEGRADED_OWNER_ANNOTATION,
+                    IGNORE_VANISHED_ANNOTATION,
+                    SUSPECT_ANNOTATION,
+                ]
+                .into_iter()
+                .filter_map(|key| annotations.remove_entry(key))
+                .collect();
                 (!kept.is_empty()).then_some(kept)
             }),
             ..ObjectMeta::default()

@@ -11,6 +11,10 @@ use super::Reconciler;
 pub const REASON_DEGRADED: &str = "DeviceDegraded";
 pub const REASON_RECOVERED: &str = "DeviceRecovered";
 pub const REASON_SAFETY_VALVE: &str = "SafetyValve";
+/// A node tainted suspect (device failures of several pods), and released after the quiet
+/// period.
+pub const REASON_SUSPECT: &str = "DeviceSuspect";
+pub const REASON_SUSPECT_RELEASED: &str = "DeviceSuspectReleased";
 pub const REASON_MARKED: &str = "DeviceFailureMarked";
 pub const REASON_PEER_MARKED: &str = "PeerDeviceFailureMarked";
 pub const REASON_EVICTED: &str = "Evicted";

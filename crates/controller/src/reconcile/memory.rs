@@ -99,6 +99,72 @@ pub struct FailureMemory {
     standings: Mutex<HashMap<WorkloadRef, (Standing, Timestamp)>>,
     /// Workloads whose exhaustion has been reported (Event, metric): once each.
     reported: Mutex<HashSet<WorkloadRef>>,
+    /// Every device failure seen, by node, for the suspect-node rule.
+    seen: SeenFailures,
+}
+
+/// The most device failures kept per node for the suspect-node rule: far more than any
+/// `suspect.pods` worth setting; past it the oldest go.
+const SEEN_PER_NODE: usize = 64;
+
+/// The device failures this process has seen, by node: from the pods it caches, from the pods
+/// deleted as they failed (a JobSet's gang restart; its event path records them), and from the
+/// workloads' memories it reads. Kept after the pods are gone, until they are too old to count
+/// ([`SeenFailures::forget_before`]).
+#[derive(Default)]
+pub struct SeenFailures {
+    by_node: Mutex<HashMap<String, Vec<DeviceFailure>>>,
+    /// By node, when a person removed its suspect taint: failures until then no longer count.
+    cleared: Mutex<HashMap<String, Timestamp>>,
+}
+
+impl SeenFailures {
+    /// Keeps `failure` (once per node and pod; a later time for the same pod replaces it).
+    pub fn note(&self, failure: &DeviceFailure) {
+        let Some(at) = failure.at else {
+            return;
+        };
+        let cleared = lock(&self.cleared).get(&failure.node).copied();
+        if failure.node.is_empty() || cleared.is_some_and(|cleared| at <= cleared) {
+            return;
+        }
+        let mut seen = lock(&self.by_node);
+        let on_node = seen.entry(failure.node.clone()).or_default();
+        match on_node.iter_mut().find(|known| known.pod == failure.pod) {
+            Some(known) if known.at < failure.at => *known = failure.clone(),
+            Some(_) => {}
+            None => {
+                on_node.push(failure.clone());
+                if on_node.len() > SEEN_PER_NODE {
+                    on_node.sort_by_key(|known| known.at);
+                    on_node.remove(0);
+                }
+            }
+        }
+    }
+
+    /// The failures seen on `node`.
+    pub fn on_node(&self, node: &str) -> Vec<DeviceFailure> {
+        lock(&self.by_node).get(node).cloned().unwrap_or_default()
+    }
+
+    /// A person removed the node's suspect taint at `now`: the failures seen on it until then
+    /// are forgotten, and are not counted again when seen again (the pods still cached).
+    pub fn clear_node(&self, node: &str, now: Timestamp) {
+        lock(&self.by_node).remove(node);
+        lock(&self.cleared).insert(node.to_owned(), now);
+    }
+
+    /// Forgets the failures before `cutoff` (too old to count any more), and the removals by
+    /// hand before it (what they cleared is too old anyway).
+    pub fn forget_before(&self, cutoff: Timestamp) {
+        let mut seen = lock(&self.by_node);
+        for on_node in seen.values_mut() {
+            on_node.retain(|failure| failure.at.is_some_and(|at| at >= cutoff));
+        }
+        seen.retain(|_, on_node| !on_node.is_empty());
+        lock(&self.cleared).retain(|_, cleared| *cleared >= cutoff);
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -140,11 +206,17 @@ impl FailureMemory {
             recorded: Mutex::default(),
             standings: Mutex::default(),
             reported: Mutex::default(),
+            seen: SeenFailures::default(),
         }
     }
 
     fn leading(&self) -> bool {
         self.leadership.get().is_none_or(Leadership::leads)
+    }
+
+    /// The device failures seen, by node.
+    pub fn seen(&self) -> &SeenFailures {
+        &self.seen
     }
 
     /// Whether the pod has a device failure this process has not recorded yet.
@@ -182,6 +254,9 @@ impl FailureMemory {
     /// Records the pod's device failure in its workload's memory, once per process. The pod
     /// may be gone from the cache already: its facts carry the failure.
     pub async fn record(&self, pod: &PodFacts, now: Timestamp) -> Result<Recorded, WriteError> {
+        if let Some(failure) = pod.device_failure.as_deref() {
+            self.seen.note(failure);
+        }
         let (Some(failure), Some(workload)) = (pod.device_failure.as_deref(), pod.workload())
         else {
             return Ok(Recorded::Nowhere);
@@ -244,6 +319,10 @@ impl FailureMemory {
                     return Ok(Recorded::Nowhere);
                 }
             };
+            // What the workload failed of before (on nodes whose pods are gone) counts too.
+            for known in &memory.failures {
+                self.seen.note(known);
+            }
             let pods = workload_pods(workload.kind, &object.data);
             let new = memory.record(failure.clone());
             let standing = Standing {

@@ -35,6 +35,7 @@ pub mod memory;
 mod node_pass;
 mod pod_pass;
 mod pods;
+mod suspect;
 mod throttle;
 
 pub use caches::{Caches, OptedIn};
@@ -200,6 +201,9 @@ pub struct Reconciler {
     force_deleted: HashSet<String>,
     /// The force deletion token bucket (`controller.stuckPods.deletionsPerMinute`).
     deletion_bucket: TokenBucket,
+    /// Dry run: the nodes this term would have tainted suspect, and their records; nothing was
+    /// stored, so these stand in for the nodes' own.
+    assumed_suspect: HashMap<String, gpu_guard_core::memory::suspect::SuspectRecord>,
 }
 
 impl Reconciler {
@@ -253,6 +257,7 @@ impl Reconciler {
             stuck: HashSet::new(),
             force_deleted: HashSet::new(),
             deletion_bucket: TokenBucket::per_minute(deletion_policy.deletions_per_minute),
+            assumed_suspect: HashMap::new(),
         })
     }
 
@@ -295,6 +300,8 @@ impl Reconciler {
         // Stuck pods are reported again by the new term; deletions share the rule of
         // evictions: no second burst on a change of leader.
         self.assumed_conditions.clear();
+        self.assumed_suspect.clear();
+        self.metrics.suspect_nodes.set(0);
         self.stuck.clear();
         self.force_deleted.clear();
         self.deletion_bucket =
@@ -412,6 +419,8 @@ impl Reconciler {
     /// Standing by: judges every node and keeps its history, changing nothing, so that the
     /// clocks run on when this replica becomes the leader ([`Reconciler::new_term`]).
     pub fn observe(&mut self, caches: &Caches, now: Timestamp) {
+        // What a standby sees of device failures counts when it leads.
+        self.note_failures(caches, now);
         for (node, verdict) in self.judge_nodes(caches, now).0 {
             if let Some(name) = node.metadata.name.clone() {
                 self.histories.insert(name, verdict.history);

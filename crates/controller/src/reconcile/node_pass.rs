@@ -25,8 +25,9 @@ use serde_json::Value;
 
 use super::events::{
     REASON_CONDITION_REMOVED, REASON_CONDITION_SET, REASON_DEGRADED, REASON_RECOVERED,
-    REASON_SAFETY_VALVE, node_ref,
+    REASON_SAFETY_VALVE, REASON_SUSPECT_RELEASED, node_ref,
 };
+use super::suspect::SuspectStep;
 use super::{Caches, PassReport, Reconciler, Stop, Write, WriteError};
 use gpu_guard_core::health::node::condition::{
     self, ConditionAction, Degradation, condition_action, degraded_condition, wanted_condition,
@@ -38,6 +39,7 @@ use gpu_guard_core::health::pod::NodeState;
 use gpu_guard_core::health::pod::stuck::{Unready, node_unready};
 use gpu_guard_core::wellknown::{
     DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, DEVICE_DEGRADED_NODE_CONDITION,
+    SUSPECT_TAINT_VALUE,
 };
 
 /// Attempts of a node taint patch that meets a conflict (someone else changed the node).
@@ -154,15 +156,17 @@ impl Reconciler {
         now: Timestamp,
         report: &mut PassReport,
     ) -> Result<HashMap<String, NodeState>, Stop> {
+        self.note_failures(caches, now);
         let (mut verdicts, mut gpu_nodes) = self.judge_nodes(caches, now);
         // The first taint of a term counts what the API server holds, not what the cache has
         // seen so far: another leader may have tainted nodes moments ago.
         let mut may_add = true;
         if self.fresh_read_due
             && self.policy.controller.node_health.enabled
-            && verdicts
-                .iter()
-                .any(|(_, verdict)| verdict.decision == TaintDecision::Taint)
+            && verdicts.iter().any(|(node, verdict)| {
+                verdict.decision == TaintDecision::Taint
+                    || matches!(self.suspect_step(node, verdict, now), SuspectStep::Taint(_))
+            })
         {
             match self.read_nodes().await {
                 Ok(()) => {
@@ -186,6 +190,7 @@ impl Reconciler {
             .count();
         let mut node_states: HashMap<String, NodeState> = HashMap::new();
         self.note_readiness(&verdicts);
+        let mut suspect_held = 0_usize;
 
         for (node, mut verdict) in verdicts {
             let name = node.metadata.name.clone().unwrap_or_default();
@@ -196,9 +201,32 @@ impl Reconciler {
                 tracing::info!(node = %name, %resource, "{why}: no longer judged device plugin down");
             }
             if node::stale_annotation(&node) {
+                // A person removed a suspect taint: their word that the node is fine. The
+                // failures that made it suspect do not make it so again.
+                if node::owner_record(&node)
+                    .is_some_and(|record| record.value == SUSPECT_TAINT_VALUE)
+                {
+                    self.marker.memory().seen().clear_node(&name, now);
+                }
                 let cleared = self.clear_stale_annotation(&node).await;
                 self.settle(Write::ClearAnnotation(&name), cleared, report)?;
             }
+            // The suspect rule decides for a node it taints or holds tainted.
+            let was_suspect = self.is_suspect(&node, &verdict);
+            let step = self.suspect_step(&node, &verdict, now);
+            match &step {
+                SuspectStep::Taint(_) => verdict.decision = TaintDecision::Taint,
+                SuspectStep::Keep { record, rewrite } => {
+                    verdict.decision = TaintDecision::Tainted;
+                    if *rewrite {
+                        let rewritten = self.rewrite_suspect_record(&node, record).await;
+                        self.settle(Write::Taint(&name), rewritten, report)?;
+                    }
+                }
+                SuspectStep::Release { .. } => verdict.decision = TaintDecision::Untaint,
+                SuspectStep::None => {}
+            }
+            let mut suspect_added = false;
             match verdict.decision {
                 TaintDecision::Taint if !self.policy.controller.node_health.enabled => {
                     tracing::debug!(node = %name, seen = %verdict.describe_degraded(),
@@ -209,11 +237,18 @@ impl Reconciler {
                     report.valve_held.push(name.clone());
                     if self.valve_reported.insert(name.clone()) {
                         self.metrics.safety_valve_trips.inc();
+                        let seen = match &step {
+                            SuspectStep::Taint(record) => format!(
+                                "suspect: device failures of {} pods ({})",
+                                record.pods.len(),
+                                record.pods.join(", ")
+                            ),
+                            _ => verdict.describe_degraded(),
+                        };
                         let note = format!(
-                            "{}; not tainted: {tainted} of {gpu_nodes} GPU nodes are tainted \
+                            "{seen}; not tainted: {tainted} of {gpu_nodes} GPU nodes are tainted \
                              already, the most controller.nodeHealth.maxTaintedPercent ({} %) \
                              allows",
-                            verdict.describe_degraded(),
                             self.policy.controller.node_health.max_tainted_percent
                         );
                         tracing::warn!(node = %name, "safety valve: {note}");
@@ -228,9 +263,18 @@ impl Reconciler {
                     }
                 }
                 TaintDecision::Taint => {
-                    let added = self.add_taint(&node, &verdict, now).await;
+                    let added = match &step {
+                        SuspectStep::Taint(record) => {
+                            self.add_suspect_taint(&node, record, now).await
+                        }
+                        _ => self.add_taint(&node, &verdict, now).await,
+                    };
                     match self.settle(Write::Taint(&name), added, report)? {
                         Some(true) => {
+                            if matches!(step, SuspectStep::Taint(_)) {
+                                suspect_added = true;
+                                self.metrics.suspect_taints_added.inc();
+                            }
                             self.valve_reported.remove(&name);
                             tainted += 1;
                             holds_taint = true;
@@ -250,16 +294,18 @@ impl Reconciler {
                     }
                 }
                 TaintDecision::Untaint => {
-                    let removed = self.remove_taint(&node, &verdict).await;
+                    let removed = self.remove_taint(&node, &verdict, &step).await;
                     match self.settle(Write::Untaint(&name), removed, report)? {
                         Some(false) => {
                             holds_taint = false;
                             verdict.history = forget_episode(verdict.history);
+                            self.assumed_suspect.remove(&name);
                         }
                         Some(true) => {
                             tainted = tainted.saturating_sub(1);
                             holds_taint = false;
                             verdict.history = forget_episode(verdict.history);
+                            self.assumed_suspect.remove(&name);
                             self.metrics.taints_removed.inc();
                             report.untainted.push(name.clone());
                         }
@@ -285,7 +331,17 @@ impl Reconciler {
             if !matches!(verdict.decision, TaintDecision::Taint) {
                 self.valve_reported.remove(&name);
             }
-            self.converge_condition(&node, &verdict, holds_taint, now, report)
+            let suspect_now = match &step {
+                SuspectStep::Taint(_) => suspect_added,
+                SuspectStep::Keep { .. } => true,
+                SuspectStep::None => was_suspect && holds_taint,
+                SuspectStep::Release { .. } => false,
+            };
+            if suspect_now {
+                suspect_held += 1;
+            }
+            let suspect_condition = step.condition(&self.suspect_rule());
+            self.converge_condition(&node, &verdict, holds_taint, suspect_condition, now, report)
                 .await?;
             // Pods are marked for their node only while it holds gpu-guard's taint and is still
             // degraded for a resource they use: not during the recovery window.
@@ -305,6 +361,9 @@ impl Reconciler {
         self.metrics
             .tainted_nodes
             .set(i64::try_from(tainted).unwrap_or(i64::MAX));
+        self.metrics
+            .suspect_nodes
+            .set(i64::try_from(suspect_held).unwrap_or(i64::MAX));
         let degraded = self
             .histories
             .values()
@@ -340,6 +399,7 @@ impl Reconciler {
         node: &Node,
         verdict: &NodeVerdict,
         holds_taint: bool,
+        suspect: Option<Degradation>,
         now: Timestamp,
         report: &mut PassReport,
     ) -> Result<(), Stop> {
@@ -350,8 +410,14 @@ impl Reconciler {
             None => degraded_condition(node).cloned(),
         };
         let since = condition::tainted_since(current.as_ref(), node, now);
-        let why = Degradation::unusable_devices(verdict, since);
-        let recovering = verdict.degraded.is_empty();
+        // A suspect node's condition says why it is suspect, whatever its devices say.
+        let (why, recovering) = match suspect {
+            Some(why) => (why, false),
+            None => (
+                Degradation::unusable_devices(verdict, since),
+                verdict.degraded.is_empty(),
+            ),
+        };
         let wanted = wanted_condition(current.as_ref(), holds_taint, recovering, why);
         match condition_action(current.as_ref(), wanted) {
             ConditionAction::Nothing => {}
@@ -552,15 +618,37 @@ impl Reconciler {
     }
 
     /// `Ok(false)`: nothing to remove any more.
-    async fn remove_taint(&self, node: &Node, verdict: &NodeVerdict) -> Result<bool, WriteError> {
+    async fn remove_taint(
+        &self,
+        node: &Node,
+        verdict: &NodeVerdict,
+        step: &SuspectStep,
+    ) -> Result<bool, WriteError> {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let since = verdict
-            .history
-            .healthy_since
-            .map_or_else(String::new, |since| format!(" since {since}"));
+        let (since, reason) = match step {
+            SuspectStep::Release { quiet_since } => (
+                format!(
+                    ": suspect, and no device failure on the node{} for \
+                     controller.nodeHealth.suspect.quietSeconds ({} s)",
+                    quiet_since.map_or_else(String::new, |since| format!(" since {since}")),
+                    self.policy.controller.node_health.suspect.quiet_seconds
+                ),
+                REASON_SUSPECT_RELEASED,
+            ),
+            _ => (
+                format!(
+                    ": devices healthy{}",
+                    verdict
+                        .history
+                        .healthy_since
+                        .map_or_else(String::new, |since| format!(" since {since}"))
+                ),
+                REASON_RECOVERED,
+            ),
+        };
         let note = if self.dry_run() && node::ownership(node) != Ownership::Ours {
             // The taint was only assumed (a dry run added none): nothing to send.
-            format!("dry run: would remove the {DEGRADED_TAINT_KEY} taint: devices healthy{since}")
+            format!("dry run: would remove the {DEGRADED_TAINT_KEY} taint{since}")
         } else {
             let patched = self
                 .patch_node(node, |current| {
@@ -577,17 +665,11 @@ impl Reconciler {
             } else {
                 "removed"
             };
-            format!("{done} the {DEGRADED_TAINT_KEY} taint: devices healthy{since}")
+            format!("{done} the {DEGRADED_TAINT_KEY} taint{since}")
         };
         tracing::info!(node = %name, "{note}");
-        self.event(
-            &node_ref(node),
-            EventType::Normal,
-            REASON_RECOVERED,
-            "Untaint",
-            note,
-        )
-        .await;
+        self.event(&node_ref(node), EventType::Normal, reason, "Untaint", note)
+            .await;
         Ok(true)
     }
 
@@ -595,7 +677,7 @@ impl Reconciler {
     /// server checks it and stores nothing), with its resourceVersion; on a conflict,
     /// reads the node again and rebuilds the patch (`None`: nothing to do any more).
     /// `Ok(false)`: the node no longer needs the change (someone else made it meanwhile).
-    async fn patch_node(
+    pub(super) async fn patch_node(
         &self,
         node: &Node,
         build: impl Fn(&Node) -> Option<Value>,

@@ -84,6 +84,62 @@ pub fn verdict<'a>(
     }
 }
 
+/// What a suspect node's annotation ([`crate::wellknown::SUSPECT_ANNOTATION`]) records: its
+/// last device failure and the pods whose failures count, so that a restarted controller, which
+/// no longer sees the pods a JobSet's gang restart deleted, still releases it on time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SuspectRecord {
+    pub last: Timestamp,
+    pub pods: Vec<String>,
+}
+
+impl SuspectRecord {
+    /// The record of a [`SuspectVerdict::Suspect`] under `rule`: its last failure is its release
+    /// time less the quiet period.
+    pub fn of(pods: &[String], release_at: Timestamp, rule: &SuspectRule) -> Self {
+        Self {
+            last: earlier(release_at, rule.quiet_seconds),
+            pods: pods.to_vec(),
+        }
+    }
+
+    /// The annotation value: `<RFC 3339 time>;<pod>,<pod>`. Pod names are DNS subdomains: they
+    /// hold neither `;` nor `,`.
+    pub fn annotation(&self) -> String {
+        format!("{};{}", self.last, self.pods.join(","))
+    }
+
+    /// The record an annotation holds; `None` when it does not parse (then the node is released
+    /// as if nothing were on record: a suspect taint never outlives what explains it).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (last, pods) = text.split_once(';')?;
+        Some(Self {
+            last: last.trim().parse().ok()?,
+            pods: pods
+                .split(',')
+                .map(str::trim)
+                .filter(|pod| !pod.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    /// The failures it stands for on `node`, each at the last failure's time: enough for
+    /// [`verdict`] on a node suspect already (the release follows the last failure).
+    pub fn failures(&self, node: &str) -> Vec<DeviceFailure> {
+        self.pods
+            .iter()
+            .map(|pod| DeviceFailure {
+                node: node.to_owned(),
+                pod: pod.clone(),
+                devices: Vec::new(),
+                at: Some(self.last),
+                cause: "on record in the node's annotation".to_owned(),
+            })
+            .collect()
+    }
+}
+
 fn seconds(value: u64) -> SignedDuration {
     SignedDuration::from_secs(i64::try_from(value).unwrap_or(i64::MAX))
 }
@@ -211,6 +267,33 @@ mod tests {
                 SuspectVerdict::Clear => None,
             };
             assert_eq!(pods, *expected, "{what}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written_and_keeps_the_release() {
+        let pods = vec!["a".to_owned(), "b-0".to_owned()];
+        let record = SuspectRecord::of(&pods, at("16:30:00"), &RULE);
+        assert_eq!(record.last, at("10:30:00"));
+        let text = record.annotation();
+        assert_eq!(text, "2026-12-04T10:30:00Z;a,b-0");
+        assert_eq!(SuspectRecord::parse(&text), Some(record.clone()));
+        // After a restart only the record is left: the node stays suspect until its release.
+        let failures = record.failures("n1");
+        let found = verdict("n1", &failures, true, at("16:29:59"), &RULE);
+        assert_eq!(
+            found,
+            SuspectVerdict::Suspect {
+                pods,
+                release_at: at("16:30:00")
+            }
+        );
+        assert_eq!(
+            verdict("n1", &failures, true, at("16:30:00"), &RULE),
+            SuspectVerdict::Clear
+        );
+        for bad in ["", "yesterday;a", "no separator"] {
+            assert_eq!(SuspectRecord::parse(bad), None, "{bad:?}");
         }
     }
 

@@ -77,6 +77,45 @@ pub struct NodeHealth {
     /// node. Past it, further degraded nodes are reported (log, Event, metric), not tainted.
     #[schemars(range(min = 0, max = 100))]
     pub max_tainted_percent: u32,
+    /// Suspect nodes: device failures of several different pods on one node its device plugin
+    /// reports healthy taint it like a degraded node (value `suspect`), until a quiet period
+    /// passes without another.
+    pub suspect: SuspectNodes,
+}
+
+/// When device failures of several pods make a node suspect (see docs/controller.md, "Suspect
+/// nodes"). The defaults: device remediations run at about 19 per 1,000 nodes a day (design.md),
+/// about 0.02 a node a day; three different pods failing of a device on one node within an hour
+/// is far beyond chance, and one or two may be the applications' own misreported errors.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SuspectNodes {
+    /// Make nodes suspect at all. When false, the suspect taints gpu-guard added earlier are
+    /// still removed after `quietSeconds`.
+    pub enabled: bool,
+    /// How many different pods must fail of a device on the node within `windowSeconds` (at
+    /// least 2: one pod's failures say nothing of the node).
+    #[schemars(range(min = 2))]
+    pub pods: u32,
+    /// The window, in seconds, the failures must fall in (1 to 30 days).
+    #[schemars(range(min = 1, max = 2_592_000))]
+    pub window_seconds: u64,
+    /// Seconds without a device failure on a suspect node before its taint is removed (1 to 30
+    /// days). Six hours: long enough that the next batch of work lands elsewhere, short enough
+    /// that a node whose fault was transient returns the same working day.
+    #[schemars(range(min = 1, max = 2_592_000))]
+    pub quiet_seconds: u64,
+}
+
+impl Default for SuspectNodes {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            pods: 3,
+            window_seconds: 3600,
+            quiet_seconds: 6 * 3600,
+        }
+    }
 }
 
 impl Default for NodeHealth {
@@ -88,6 +127,7 @@ impl Default for NodeHealth {
             healthy_for_seconds: 600,
             no_execute: false,
             max_tainted_percent: 10,
+            suspect: SuspectNodes::default(),
         }
     }
 }
@@ -304,6 +344,28 @@ pub(super) fn validate_controller(controller: &Controller) -> Vec<(FieldPath, St
             ),
         ));
     }
+    let suspect = &controller.node_health.suspect;
+    if suspect.pods < 2 {
+        problems.push((
+            health.child("suspect").child("pods"),
+            format!(
+                "must be at least 2, found {}: one pod's failures say nothing of its node; to \
+                 make no node suspect, set suspect.enabled: false",
+                suspect.pods
+            ),
+        ));
+    }
+    for (field, value) in [
+        ("windowSeconds", suspect.window_seconds),
+        ("quietSeconds", suspect.quiet_seconds),
+    ] {
+        if value == 0 || value > MAX_HOLD_SECONDS {
+            problems.push((
+                health.child("suspect").child(field),
+                format!("must be 1 to {MAX_HOLD_SECONDS} (30 days), found {value}"),
+            ));
+        }
+    }
     if controller.pods.evictions_per_minute == 0 {
         problems.push((
             root.child("pods").child("evictionsPerMinute"),
@@ -368,6 +430,19 @@ mod tests {
             .into_iter()
             .map(|(path, message)| format!("{path}: {message}"))
             .collect()
+    }
+
+    #[test]
+    fn suspect_nodes_out_of_bounds_are_named() {
+        let mut controller = Controller::default();
+        controller.node_health.suspect.pods = 1;
+        controller.node_health.suspect.window_seconds = 0;
+        controller.node_health.suspect.quiet_seconds = MAX_HOLD_SECONDS + 1;
+        let found = messages(&controller);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0].starts_with("controller.nodeHealth.suspect.pods: must be at least 2"));
+        assert!(found[1].starts_with("controller.nodeHealth.suspect.windowSeconds: must be 1 to"));
+        assert!(found[2].starts_with("controller.nodeHealth.suspect.quietSeconds: must be 1 to"));
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub use guard::{
 pub use load::{PolicyError, PolicyProblem, load, parse};
 
 pub use controller::{
-    Controller, DeviceRetries, NodeHealth, PodWatcher, StuckPods, UnusableThreshold,
+    Controller, DeviceRetries, NodeHealth, PodWatcher, StuckPods, SuspectNodes, UnusableThreshold,
 };
 
 use crate::wellknown::{DEVICE_FAILURE_CONDITION, DEVICE_RETRIES_EXHAUSTED_CONDITION};

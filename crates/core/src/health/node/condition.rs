@@ -20,6 +20,9 @@ use crate::wellknown::{DEGRADED_TAINT_KEY, DEVICE_DEGRADED_NODE_CONDITION};
 /// The condition's `reason` on a node tainted because devices of a resource are unusable
 /// (capacity minus allocatable at the threshold, or its device plugin down).
 pub const REASON_UNUSABLE_DEVICES: &str = "UnusableDevices";
+/// The condition's `reason` on a node tainted suspect: device failures of several pods on it,
+/// though its device plugin reports every device healthy.
+pub const REASON_SUSPECT_NODE: &str = "SuspectNode";
 
 /// When the condition's message says the node was tainted: since the condition it carries
 /// turned `"True"`, or else since the taint its owner annotation records, or else `now` (the
@@ -66,6 +69,23 @@ impl Degradation {
         Degradation {
             reason: REASON_UNUSABLE_DEVICES.to_owned(),
             message,
+        }
+    }
+}
+
+impl Degradation {
+    /// The condition of a node gpu-guard holds tainted suspect: the pods whose device failures
+    /// made it so, the last failure, and when it is released if nothing else fails on it.
+    pub fn suspect(pods: &[String], last: Timestamp, release_at: Timestamp) -> Degradation {
+        Degradation {
+            reason: REASON_SUSPECT_NODE.to_owned(),
+            message: format!(
+                "device failures of {} pods on this node, its device plugin reporting every \
+                 device healthy: {}; the last at {last}; gpu-guard removes its \
+                 {DEGRADED_TAINT_KEY} taint at {release_at} unless another fails",
+                pods.len(),
+                pods.join(", ")
+            ),
         }
     }
 }

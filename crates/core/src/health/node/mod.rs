@@ -34,8 +34,12 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
 use crate::api_rules::names::label_value_errors;
+use crate::memory::suspect::SuspectRecord;
 use crate::policy::Policy;
-use crate::wellknown::{DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, IGNORE_VANISHED_ANNOTATION};
+use crate::wellknown::{
+    DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, IGNORE_VANISHED_ANNOTATION, SUSPECT_ANNOTATION,
+    SUSPECT_TAINT_VALUE,
+};
 
 /// How long a device resource may stay gone from a node (absent, or capacity 0) and still be
 /// "plugin down": one hour. A device plugin that restarts or is upgraded is back within
@@ -420,9 +424,11 @@ fn plugin_gone(
         && history.healthy_since.is_none()
         && !history.assumed_tainted
         && history.seen.is_empty();
+    // A suspect taint names no resource (its value is [`SUSPECT_TAINT_VALUE`]).
     if restarted
         && ownership == Ownership::Ours
         && let Some(record) = owner_record(node)
+        && record.value != SUSPECT_TAINT_VALUE
         && !devices
             .iter()
             .any(|device| taint_value(&device.resource) == record.value)
@@ -793,6 +799,50 @@ fn our_taint(node: &Node) -> Option<&Taint> {
     taints(node).iter().find(|taint| record.matches(taint))
 }
 
+/// Whether gpu-guard's taint on the node is a suspect one ([`SUSPECT_TAINT_VALUE`]).
+pub fn holds_suspect_taint(node: &Node) -> bool {
+    our_taint(node).is_some_and(|taint| taint.value.as_deref() == Some(SUSPECT_TAINT_VALUE))
+}
+
+/// The suspect node's record ([`SUSPECT_ANNOTATION`]), if it has one that parses.
+pub fn suspect_record(node: &Node) -> Option<SuspectRecord> {
+    let text = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(SUSPECT_ANNOTATION)?;
+    SuspectRecord::parse(text)
+}
+
+/// The taint gpu-guard adds to a suspect node: always `NoSchedule`. Nothing says the pods
+/// running there are failing; they finish or fail on their own, and new ones go elsewhere.
+pub fn suspect_taint() -> Taint {
+    Taint {
+        key: DEGRADED_TAINT_KEY.to_owned(),
+        value: Some(SUSPECT_TAINT_VALUE.to_owned()),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
+    }
+}
+
+/// [`add_taint_patch`] for the suspect taint, with the node's [`SUSPECT_ANNOTATION`].
+pub fn add_suspect_taint_patch(node: &Node, record: &SuspectRecord, now: Timestamp) -> Value {
+    let mut patch = add_taint_patch(node, &suspect_taint(), now);
+    patch["metadata"]["annotations"][SUSPECT_ANNOTATION] = Value::String(record.annotation());
+    patch
+}
+
+/// The JSON merge patch that rewrites a suspect node's record (a later failure moves its
+/// release), with the node's `resourceVersion`.
+pub fn suspect_record_patch(node: &Node, record: &SuspectRecord) -> Value {
+    json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {SUSPECT_ANNOTATION: record.annotation()},
+        },
+    })
+}
+
 /// When gpu-guard tainted the node, from its owner annotation (only while its taint is there).
 pub fn tainted_since(node: &Node) -> Option<Timestamp> {
     our_taint(node)?;
@@ -893,10 +943,25 @@ pub fn remove_taint_patch(node: &Node) -> Value {
     json!({
         "metadata": {
             "resourceVersion": node.metadata.resource_version,
-            "annotations": {DEGRADED_OWNER_ANNOTATION: null},
+            "annotations": cleared_annotations(node),
         },
         "spec": {"taints": list},
     })
+}
+
+/// The annotations removed with gpu-guard's taint: the owner annotation, and a suspect node's
+/// record where it has one.
+fn cleared_annotations(node: &Node) -> Value {
+    let mut cleared = json!({DEGRADED_OWNER_ANNOTATION: null});
+    let has_record = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|annotations| annotations.contains_key(SUSPECT_ANNOTATION));
+    if has_record {
+        cleared[SUSPECT_ANNOTATION] = Value::Null;
+    }
+    cleared
 }
 
 /// The JSON merge patch that removes only a stale owner annotation (see [`stale_annotation`]),
@@ -905,7 +970,7 @@ pub fn clear_annotation_patch(node: &Node) -> Value {
     json!({
         "metadata": {
             "resourceVersion": node.metadata.resource_version,
-            "annotations": {DEGRADED_OWNER_ANNOTATION: null},
+            "annotations": cleared_annotations(node),
         },
     })
 }

@@ -349,6 +349,18 @@ pub enum RuleAction {
 }
 
 impl RuleAction {
+    /// The action a rule names; `None` for a value that is none of them (the Job controller
+    /// skips such a rule, `pkg/controller/job/pod_failure_policy.go`).
+    pub fn parse(action: &str) -> Option<Self> {
+        match action {
+            "FailJob" => Some(Self::FailJob),
+            "FailIndex" => Some(Self::FailIndex),
+            "Ignore" => Some(Self::Ignore),
+            "Count" => Some(Self::Count),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::FailJob => "FailJob",

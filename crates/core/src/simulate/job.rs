@@ -12,49 +12,19 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
 
+pub use crate::policy::RuleAction;
+
 /// The `backoffLimit` the API server defaults to (`pkg/apis/batch/v1/defaults.go`), and the one
 /// it sets when `backoffLimitPerIndex` is given (the per-index limit then governs).
 pub const DEFAULT_BACKOFF_LIMIT: i32 = 6;
 pub const PER_INDEX_BACKOFF_LIMIT: i32 = i32::MAX;
-
-/// A rule's action, as the Job controller acts on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    FailJob,
-    FailIndex,
-    Ignore,
-    Count,
-}
-
-impl Action {
-    /// The action a rule names; `None` for a value the controller does not know (it skips such
-    /// a rule).
-    pub fn parse(action: &str) -> Option<Self> {
-        match action {
-            "FailJob" => Some(Self::FailJob),
-            "FailIndex" => Some(Self::FailIndex),
-            "Ignore" => Some(Self::Ignore),
-            "Count" => Some(Self::Count),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::FailJob => "FailJob",
-            Self::FailIndex => "FailIndex",
-            Self::Ignore => "Ignore",
-            Self::Count => "Count",
-        }
-    }
-}
 
 /// The rule a failed pod matched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleMatch {
     /// Its index in `podFailurePolicy.rules`.
     pub index: usize,
-    pub action: Action,
+    pub action: RuleAction,
     /// For `FailJob`: the message of the Job's failure, as the controller writes it.
     pub job_failure_message: Option<String>,
 }
@@ -85,7 +55,7 @@ pub fn match_rules(policy: Option<&PodFailurePolicy>, pod: &Pod) -> PolicyMatch 
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let status = pod.status.as_ref();
     for (index, rule) in policy.rules.iter().enumerate() {
-        let Some(action) = Action::parse(&rule.action) else {
+        let Some(action) = RuleAction::parse(&rule.action) else {
             continue;
         };
         let message = if let Some(requirement) = &rule.on_exit_codes {
@@ -116,11 +86,11 @@ pub fn match_rules(policy: Option<&PodFailurePolicy>, pod: &Pod) -> PolicyMatch 
             continue;
         };
         return PolicyMatch {
-            counted: action != Action::Ignore,
+            counted: action != RuleAction::Ignore,
             rule: Some(RuleMatch {
                 index,
                 action,
-                job_failure_message: (action == Action::FailJob).then_some(message),
+                job_failure_message: (action == RuleAction::FailJob).then_some(message),
             }),
         };
     }
@@ -297,7 +267,7 @@ pub fn step(spec: &JobSpec, pod: &Pod, history: History) -> (PolicyMatch, Step) 
     };
     // `isIndexFailed`: a FailIndex rule fails the index at once; a counted failure once the
     // index had failed `backoffLimitPerIndex` times before.
-    if action != Some(Action::FailIndex) && history.index_failed < per_index {
+    if action != Some(RuleAction::FailIndex) && history.index_failed < per_index {
         let step = Step::IndexCounted {
             failed: history.index_failed.saturating_add(1),
             backoff_limit_per_index: per_index,

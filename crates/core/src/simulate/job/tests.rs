@@ -50,14 +50,14 @@ type Case = (
     &'static str,
     Option<PodFailurePolicy>,
     Pod,
-    Option<(usize, Action)>,
+    Option<(usize, RuleAction)>,
     bool,
     Option<&'static str>,
 );
 
 #[test]
 fn the_upstream_matching_table() {
-    use Action::*;
+    use RuleAction::*;
     let cases: Vec<Case> = vec![
         (
             "a rule with an unknown action is skipped (exit codes)",

@@ -190,7 +190,11 @@ pub(crate) mod webhook {
     }
 
     /// The review's answer, and the pod as the API server stores it after the patch.
-    fn admitted(body: &Value, policy: &Policy, memories: &dyn Memories) -> (Value, Value) {
+    pub(crate) fn admitted(
+        body: &Value,
+        policy: &Policy,
+        memories: &dyn Memories,
+    ) -> (Value, Value) {
         let view = StaticView::from_policy(&policy.guard.offline);
         let reviewed = review_with_memories(
             Webhook::Mutate,

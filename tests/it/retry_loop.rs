@@ -8,21 +8,18 @@
 
 use gpu_guard_controller::run::{self, ControllerOptions};
 use gpu_guard_core::devices::NoDraFacts;
-use gpu_guard_core::guard::StaticView;
 use gpu_guard_core::memory::avoid::Memories;
 use gpu_guard_core::memory::{MEMORY_ANNOTATION, Memory, WorkloadRef};
 use gpu_guard_core::mutate::object::mutate_object;
 use gpu_guard_core::mutate::patch;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::simulate::job::{self, History, Step};
-use gpu_guard_webhook::admission::{Webhook, review_with_memories};
 use k8s_openapi::api::batch::v1::JobSpec;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use crate::avoid::excluded;
-use crate::avoid::webhook::job_pod_review;
-use crate::server::sent_patch;
+use crate::avoid::webhook::{admitted, job_pod_review};
 use crate::support::controller::{gpu_node, namespace, policy};
 use crate::support::eventually;
 use crate::support::fake_api::{Fake, JOBS, NAMESPACES, NODES, PODS};
@@ -63,21 +60,7 @@ fn admitted_job(policy: &Policy) -> Value {
 /// The Job controller creates pod `index`: the webhook admits it on the record as it is now;
 /// the scheduler puts it on the first node its affinity allows.
 fn create_pod(fake: &Fake, policy: &Policy, index: usize) -> (String, String) {
-    let body = job_pod_review("train");
-    let view = StaticView::from_policy(&policy.guard.offline);
-    let reviewed = review_with_memories(
-        Webhook::Mutate,
-        body.to_string().as_bytes(),
-        policy,
-        &view,
-        &FromFake(fake),
-    )
-    .expect("reviewed");
-    let answer: Value = serde_json::from_slice(&reviewed.body).expect("JSON");
-    let mut pod = body["request"]["object"].clone();
-    if answer["response"].get("patch").is_some() {
-        json_patch::patch(&mut pod, &sent_patch(&answer["response"])).expect("applies");
-    }
+    let (_, mut pod) = admitted(&job_pod_review("train"), policy, &FromFake(fake));
     let avoided: Vec<String> = excluded(&pod).concat();
     let node = NODE_NAMES
         .iter()

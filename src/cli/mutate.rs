@@ -406,7 +406,7 @@ impl Run<'_, '_> {
 
 /// The memories of the input's workloads, computed from the input as the controller records
 /// them: the memory a Job or JobSet carries already (`kubectl get -o yaml` shows it), and
-/// each device failure of a pod that ran ([`memory::device_failure`]), on its workload
+/// each device failure of a pod that ran ([`device_failure`](gpu_guard_core::health::pod::device_failure)), on its workload
 /// ([`memory::workload_of`]).
 #[derive(Debug, Default)]
 struct OfflineMemories {
@@ -467,7 +467,7 @@ impl OfflineMemories {
             };
             if let (Some(workload), Some(failure)) = (
                 memory::workload_of(&pod),
-                memory::device_failure(&pod, policy, dra),
+                gpu_guard_core::health::pod::device_failure(&pod, policy, dra),
             ) {
                 self.memories.entry(workload).or_default().record(failure);
             }

@@ -1,5 +1,5 @@
 //! The device-failure memory, written: each device failure of a pod (what
-//! [`gpu_guard_core::memory::device_failure`] calls one) is recorded in its workload's
+//! [`gpu_guard_core::health::pod::device_failure`] calls one) is recorded in its workload's
 //! annotation ([`MEMORY_ANNOTATION`], with the label [`MEMORY_LABEL`]), and a workload past its
 //! budget (`controller.deviceRetries`) has its free retries ended: its running and new pods get
 //! `gpu-guard.io/DeviceRetriesExhausted=True` (through the [`super::marker::Marker`]).

@@ -17,7 +17,7 @@
 //! `kubectl describe` shows it. It is bounded: the most recent [`Memory::MAX_RECORDS`]
 //! failures, and the total count.
 //!
-//! What is a device failure ([`failure::device_failure`]): a failed pod whose device container
+//! What is a device failure ([`crate::health::pod::device_failure`]): a failed pod whose device container
 //! exited with one of the policy's free-retry exit codes, or that carries
 //! `gpu-guard.io/DeviceFailure=True`, or a device of which the kubelet reported `Unhealthy`.
 //! Not: other exit codes, OOM kills, `DisruptionTarget` (drains, preemption, eviction).
@@ -29,7 +29,7 @@ pub mod suspect;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-pub use failure::{FailureCause, WorkloadKind, WorkloadRef, device_failure, workload_of};
+pub use failure::{WorkloadKind, WorkloadRef, workload_of};
 
 /// The annotation on a Job or JobSet that holds its [`Memory`] (JSON).
 pub const MEMORY_ANNOTATION: &str = "gpu-guard.io/device-failures";
@@ -79,7 +79,7 @@ impl Memory {
     /// How many failures the annotation keeps. Enough for the avoidance list of any sensible
     /// policy and for a person to read, while the annotation stays under 4 KiB (an entry is
     /// about 150 bytes), far below the 256 KiB the API server allows for all annotations.
-    pub const MAX_RECORDS: usize = 20;
+    pub const MAX_RECORDS: usize = crate::policy::RECORDED_FAILURES;
 
     /// The memory in a workload's annotations: empty without the annotation.
     pub fn of_annotation(value: Option<&str>) -> Result<Memory, MemoryError> {

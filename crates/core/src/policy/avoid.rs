@@ -5,7 +5,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::field::FieldPath;
-use crate::memory::Memory;
 
 /// Keep a workload's new pods off the nodes where its pods failed of a device.
 ///
@@ -35,11 +34,16 @@ impl Default for AvoidFailedNodes {
     }
 }
 
-/// `mutation.avoidFailedNodes.maxNodes`: 1 to [`Memory::MAX_RECORDS`] (a node beyond the
+/// How many device failures a workload's record keeps (the memory's `MAX_RECORDS` is this
+/// number): the most nodes a pod can be kept off. It lives here so that the policy's bound and
+/// the record's size are one number, and the policy does not read the memory module.
+pub const RECORDED_FAILURES: usize = 20;
+
+/// `mutation.avoidFailedNodes.maxNodes`: 1 to [`RECORDED_FAILURES`] (a node beyond the
 /// failures the record keeps is never known).
 pub(super) fn validate_avoid(settings: &AvoidFailedNodes) -> Vec<(FieldPath, String)> {
     let max = settings.max_nodes;
-    if (1..=Memory::MAX_RECORDS as u32).contains(&max) {
+    if (1..=RECORDED_FAILURES as u32).contains(&max) {
         return Vec::new();
     }
     vec![(
@@ -47,7 +51,7 @@ pub(super) fn validate_avoid(settings: &AvoidFailedNodes) -> Vec<(FieldPath, Str
         format!(
             "must be between 1 and {} (the device failures gpu-guard keeps per workload), \
              found {max}; to exclude no node, set enabled: false",
-            Memory::MAX_RECORDS
+            RECORDED_FAILURES
         ),
     )]
 }

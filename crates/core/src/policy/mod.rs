@@ -24,7 +24,7 @@ mod validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use avoid::AvoidFailedNodes;
+pub use avoid::{AvoidFailedNodes, RECORDED_FAILURES};
 pub use devices::DeviceResources;
 pub use guard::{
     ExemptWorkload, Exemptions, GpuNodeLabel, Guard, GuardMode, MinimumPriority, OfflineCluster,

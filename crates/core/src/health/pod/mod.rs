@@ -14,10 +14,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
+pub mod failure;
 pub mod stuck;
 
+pub use failure::{FailureCause, device_exit_codes, device_failure};
+
 use crate::devices::NoDraFacts;
-use crate::memory::{DeviceFailure, WorkloadKind, WorkloadRef, device_failure, workload_of};
+use crate::memory::{DeviceFailure, WorkloadKind, WorkloadRef, workload_of};
 use crate::policy::Policy;
 use crate::wellknown::{
     DEGRADED_TAINT_KEY, DEVICE_FAILURE_CONDITION, DEVICE_RETRIES_EXHAUSTED_CONDITION, GANG_KEY,

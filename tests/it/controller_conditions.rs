@@ -9,7 +9,7 @@ use gpu_guard_controller::reconcile::Reconciler;
 use gpu_guard_core::wellknown::{DEGRADED_OWNER_ANNOTATION, DEVICE_DEGRADED_NODE_CONDITION};
 use hyper::Method;
 use serde_json::{Value, json};
-use support::controller::{TAINT_TIME, World, gpu_node, has_our_taint, policy};
+use support::controller::{TAINT_TIME, World, gpu_node, has_our_taint, our_condition, policy};
 use support::fake_api::{Logged, NODES};
 
 /// A GPU node as the kubelet reports it: Ready, and a condition of Node Problem Detector.
@@ -30,14 +30,6 @@ fn status_writes(world: &World) -> Vec<Logged> {
         .into_iter()
         .filter(|write| write.path.ends_with("/status"))
         .collect()
-}
-
-fn our_condition(node: &Value) -> Option<Value> {
-    node["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|condition| condition["type"] == DEVICE_DEGRADED_NODE_CONDITION)
-        .cloned()
 }
 
 fn other_conditions(node: &Value) -> Vec<Value> {

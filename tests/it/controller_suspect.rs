@@ -14,11 +14,10 @@ use gpu_guard_controller::metrics::ControllerMetrics;
 use gpu_guard_controller::reconcile::Reconciler;
 use gpu_guard_core::policy::Policy;
 use gpu_guard_core::wellknown::{
-    DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, DEVICE_DEGRADED_NODE_CONDITION,
-    SUSPECT_ANNOTATION,
+    DEGRADED_OWNER_ANNOTATION, DEGRADED_TAINT_KEY, SUSPECT_ANNOTATION,
 };
 use serde_json::{Value, json};
-use support::controller::{World, at, gpu_node, namespace, policy};
+use support::controller::{World, at, gpu_node, namespace, our_condition, policy};
 use support::fake_api::{Logged, NAMESPACES, NODES, PODS};
 
 /// The quiet period of the default policy.
@@ -86,14 +85,6 @@ fn our_taints(node: &Value) -> Vec<Value> {
         .filter(|taint| taint["key"] == DEGRADED_TAINT_KEY)
         .cloned()
         .collect()
-}
-
-fn our_condition(node: &Value) -> Option<Value> {
-    node["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|condition| condition["type"] == DEVICE_DEGRADED_NODE_CONDITION)
-        .cloned()
 }
 
 fn events_of(fake: &support::fake_api::Fake, reason: &str) -> usize {

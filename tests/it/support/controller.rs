@@ -9,7 +9,7 @@ use gpu_guard_controller::metrics::ControllerMetrics;
 use gpu_guard_controller::reconcile::{Caches, PassReport, Reconciler};
 use gpu_guard_core::health::pod::PodFacts;
 use gpu_guard_core::policy::Policy;
-use gpu_guard_core::wellknown::DEGRADED_TAINT_KEY;
+use gpu_guard_core::wellknown::{DEGRADED_TAINT_KEY, DEVICE_DEGRADED_NODE_CONDITION};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::reflector::Store;
@@ -147,6 +147,15 @@ pub fn has_our_taint(node: &Value) -> bool {
             .iter()
             .any(|taint| taint["key"] == DEGRADED_TAINT_KEY)
     })
+}
+
+/// gpu-guard's Node condition (`gpu-guard.io/DeviceDegraded`) on `node`, if it has one.
+pub fn our_condition(node: &Value) -> Option<Value> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|condition| condition["type"] == DEVICE_DEGRADED_NODE_CONDITION)
+        .cloned()
 }
 
 /// The default policy with the thresholds the tests count on, edited by `edit`.
